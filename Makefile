@@ -1,0 +1,56 @@
+# One-command dev loop. Every target builds .venv itself, so each works on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+# Every optional extra that works on a CPU, so no feature's tests are skipped in CI.
+EXTRAS ?= dev,monitor,plot,tensorboard
+NPROC ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: help install test test-gpu lint format demo clean
+
+help:
+	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
+	@echo "make test      run the whole test suite"
+	@echo "make lint      ruff + mypy"
+	@echo "make test-gpu  the GPU tier (needs CUDA)"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+
+# torch first: a plain `pip install torch` would pull a multi-GB CUDA build on a CPU machine.
+# A venv that already has torch (e.g. a CUDA build you installed) keeps it; to reuse a system
+# torch, create the venv yourself with `python3 -m venv --system-site-packages .venv`.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@$(BIN)/python -c "import torch" 2>/dev/null \
+		|| $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@# DeepSpeed's setup imports torch: build it against the torch above, with no CUDA ops.
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation "deepspeed>=0.19,<0.20"
+	@touch $@
+
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-gpu: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m "requires_cuda or requires_gpus" $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/mypy
+
+format: $(VENV)/.installed
+	$(BIN)/ruff check --fix src tests examples benchmarks
+	$(BIN)/ruff format src tests examples benchmarks
+
+demo: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) \
+		examples/train_ddp.py --epochs 3
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

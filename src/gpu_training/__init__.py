@@ -1,0 +1,96 @@
+"""gpu_training: take a PyTorch training job from one GPU to many — correctly, and fast.
+
+Submodules are imported lazily, so ``import gpu_training`` (and ``gpu-training --help``)
+does not pay for ``import torch``. Everything in ``__all__`` resolves on first access::
+
+    import gpu_training as gt
+    ctx = gt.init_distributed()          # imports gpu_training.ddp (and torch) here
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    # config (no torch)
+    "TrainingConfig": "config",
+    "ConfigError": "config",
+    "load_config": "config",
+    "gradient_accumulation_for_target": "config",
+    "accumulation_plan": "config",
+    "scale_lr": "config",
+    # ddp
+    "DistributedContext": "ddp",
+    "init_distributed": "ddp",
+    "cleanup_distributed": "ddp",
+    "resolve_device": "ddp",
+    "make_distributed_sampler": "ddp",
+    "reduce_scalar_dict": "ddp",
+    "unwrap_model": "ddp",
+    "train_one_epoch": "ddp",
+    # amp
+    "MixedPrecisionTrainer": "amp",
+    "needs_grad_scaler": "amp",
+    "resolve_precision": "amp",
+    "should_step": "amp",
+    # schedule
+    "linear_warmup_cosine_lr": "schedule",
+    # launcher (no torch)
+    "single_node_command": "launcher",
+    "multi_node_commands": "launcher",
+    # checkpoint
+    "CheckpointManager": "checkpoint",
+    "CheckpointError": "checkpoint",
+    # profiling
+    "find_max_batch_size": "profiling",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_training' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"gpu_training.{module}"), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from gpu_training.amp import (
+        MixedPrecisionTrainer,
+        needs_grad_scaler,
+        resolve_precision,
+        should_step,
+    )
+    from gpu_training.checkpoint import CheckpointError, CheckpointManager
+    from gpu_training.config import (
+        ConfigError,
+        TrainingConfig,
+        accumulation_plan,
+        gradient_accumulation_for_target,
+        load_config,
+        scale_lr,
+    )
+    from gpu_training.ddp import (
+        DistributedContext,
+        cleanup_distributed,
+        init_distributed,
+        make_distributed_sampler,
+        reduce_scalar_dict,
+        resolve_device,
+        train_one_epoch,
+        unwrap_model,
+    )
+    from gpu_training.launcher import multi_node_commands, single_node_command
+    from gpu_training.profiling import find_max_batch_size
+    from gpu_training.schedule import linear_warmup_cosine_lr

@@ -1,0 +1,3 @@
+from gpu_training.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,260 @@
+"""Mixed precision done in the right order: autocast, loss scaling, unscale → clip → step.
+
+Two mechanisms people conflate: *autocast* (run matmuls in fp16/bf16, keep fp32 master
+weights) and *loss scaling* (a numerical workaround that only fp16 needs). One
+:class:`MixedPrecisionTrainer` hides both behind the same loop body for every precision::
+
+    trainer = MixedPrecisionTrainer(optimizer, precision="bf16",
+                                    grad_accum_steps=4, max_grad_norm=1.0)
+    for micro_step, (x, y) in enumerate(loader):
+        with trainer.autocast():
+            loss = loss_fn(model(x), y)
+        trainer.backward(loss)                             # ÷ accumulation, scale, backward
+        grad_norm = trainer.step(model.parameters(), micro_step)  # acts on boundaries only
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+
+__all__ = [
+    "MixedPrecisionTrainer",
+    "Precision",
+    "autocast_dtype",
+    "needs_grad_scaler",
+    "resolve_precision",
+    "should_step",
+]
+
+Precision = Literal["fp32", "fp16", "bf16"]
+
+_DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_KNOWN = ("auto", "fp32", "fp16", "bf16")
+
+
+def should_step(micro_step: int, grad_accum_steps: int) -> bool:
+    """Whether ``micro_step`` (0-based) closes an accumulation window.
+
+    The single source of truth for "is this the boundary": True after micro-steps
+    ``accum-1, 2·accum-1, …``.
+
+    Example:
+        >>> [should_step(i, 2) for i in range(4)]
+        [False, True, False, True]
+
+    Raises:
+        ValueError: If ``grad_accum_steps < 1`` or ``micro_step < 0``.
+    """
+    if grad_accum_steps < 1:
+        raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
+    if micro_step < 0:
+        raise ValueError(f"micro_step must be >= 0, got {micro_step}")
+    return (micro_step + 1) % grad_accum_steps == 0
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in _KNOWN:
+        raise ValueError(f"precision must be one of {', '.join(_KNOWN)}, got {precision!r}")
+
+
+def needs_grad_scaler(precision: str) -> bool:
+    """True only for fp16: bf16 has fp32's exponent range, so its gradients do not underflow.
+
+    Example:
+        >>> needs_grad_scaler("fp16"), needs_grad_scaler("bf16")
+        (True, False)
+
+    Raises:
+        ValueError: For an unknown precision (``"auto"`` must be resolved first).
+    """
+    _check_precision(precision)
+    if precision == "auto":
+        raise ValueError("resolve 'auto' with resolve_precision() before asking for a scaler")
+    return precision == "fp16"
+
+
+def resolve_precision(precision: str, device: torch.device | str | None = None) -> Precision:
+    """Turn ``"auto"`` into a concrete precision for ``device``.
+
+    ``auto`` picks bf16 on a CUDA device that supports it (Ampere or newer), fp16 on older
+    CUDA devices, and fp32 on the CPU (CPU autocast is slower than fp32 for most models; ask
+    for ``"bf16"``/``"fp16"`` explicitly to use it there).
+
+    Args:
+        precision: ``"auto"``, ``"fp32"``, ``"fp16"`` or ``"bf16"``.
+        device: The device training runs on (default: the current CUDA device if any, else CPU).
+
+    Raises:
+        ValueError: For an unknown precision, or bf16 requested on a CUDA device without it.
+    """
+    _check_precision(precision)
+    dev = torch.device(device) if device is not None else _default_device()
+    if precision == "auto":
+        if dev.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32"
+    if precision == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            "precision 'bf16' is not supported on this GPU (needs Ampere or newer); use 'fp16'"
+        )
+    return precision  # type: ignore[return-value]  # narrowed by _check_precision
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype for a resolved precision, or None for fp32."""
+    _check_precision(precision)
+    return _DTYPES.get(precision)
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _optimizer_device(optimizer: torch.optim.Optimizer) -> torch.device:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return torch.device(p.device)
+    return _default_device()
+
+
+class MixedPrecisionTrainer:
+    """One interface for fp32, fp16 and bf16 steps, with gradient accumulation and clipping.
+
+    Args:
+        optimizer: The optimizer to step.
+        precision: ``"auto"``, ``"fp32"``, ``"fp16"`` or ``"bf16"`` (see :func:`resolve_precision`).
+        grad_accum_steps: Micro-batches per optimizer step; losses are divided by it so the
+            accumulated gradient is the mean, not the sum.
+        max_grad_norm: Clip the global gradient norm to this value (``None``: no clipping; the
+            norm is still measured and returned).
+        device: Device whose autocast to use (default: where the optimizer's parameters live).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> trainer = MixedPrecisionTrainer(opt, precision="fp32", grad_accum_steps=2)
+        >>> for micro_step in range(2):
+        ...     with trainer.autocast():
+        ...         loss = model(torch.ones(3, 4)).pow(2).mean()
+        ...     trainer.backward(loss)
+        ...     norm = trainer.step(model.parameters(), micro_step)
+        >>> norm is not None
+        True
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        precision: str = "auto",
+        grad_accum_steps: int = 1,
+        max_grad_norm: float | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
+        self.optimizer = optimizer
+        self.device = torch.device(device) if device is not None else _optimizer_device(optimizer)
+        self.precision: Precision = resolve_precision(precision, self.device)
+        self.grad_accum_steps = grad_accum_steps
+        self.max_grad_norm = max_grad_norm
+        self._dtype = autocast_dtype(self.precision)
+        # Disabled scaler (bf16/fp32): scale() is the identity, so one code path serves all.
+        self._scaler = torch.amp.GradScaler(
+            self.device.type, enabled=needs_grad_scaler(self.precision)
+        )
+        self.skipped_steps = 0
+        self.last_step_skipped = False
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        """The underlying GradScaler (disabled unless precision is fp16)."""
+        return self._scaler
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss-scale factor (1.0 when no scaler is used)."""
+        return float(self._scaler.get_scale()) if self._scaler.is_enabled() else 1.0
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` for fp16/bf16, a no-op context for fp32."""
+        if self._dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self._dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Divide by the accumulation steps, scale (fp16), and backpropagate."""
+        self._scaler.scale(loss / self.grad_accum_steps).backward()
+
+    def step(self, params: Iterable[torch.nn.Parameter], micro_step: int) -> float | None:
+        """Step the optimizer if ``micro_step`` closes an accumulation window.
+
+        On a boundary, in this order: unscale (so clipping sees true magnitudes), clip,
+        optimizer step (skipped by the scaler if a gradient is inf/NaN), scaler update,
+        ``zero_grad(set_to_none=True)``.
+
+        Args:
+            params: The parameters whose gradients are clipped and measured.
+            micro_step: 0-based micro-batch index (see :func:`should_step`).
+
+        Returns:
+            The global gradient norm before clipping (``inf``/``nan`` when the fp16 step was
+            skipped for overflow), or None off a boundary.
+        """
+        if not should_step(micro_step, self.grad_accum_steps):
+            return None
+        params = [p for p in params if p.grad is not None]
+        # Unscale before clip: clipping scaled grads (×2¹⁶) would not clip at all.
+        self._scaler.unscale_(self.optimizer)
+        if self.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        scale_before = self._scaler.get_scale() if self._scaler.is_enabled() else None
+        self._scaler.step(self.optimizer)  # skips the step when a gradient is inf/NaN
+        self._scaler.update()
+        # The scaler halves its scale exactly when it skipped the step for an overflow.
+        self.last_step_skipped = (
+            scale_before is not None and self._scaler.get_scale() < scale_before
+        )
+        if self.last_step_skipped:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        value = float(norm)
+        if self.last_step_skipped and math.isfinite(value):
+            value = math.inf
+        return value
+
+    def state_dict(self) -> dict[str, Any]:
+        """Precision, scaler state (scale, growth tracker) and the skipped-step count."""
+        return {
+            "precision": self.precision,
+            "grad_accum_steps": self.grad_accum_steps,
+            "scaler": self._scaler.state_dict(),
+            "skipped_steps": self.skipped_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`, so a resumed fp16 run keeps its scale factor.
+
+        Raises:
+            ValueError: If the state was saved with another precision.
+        """
+        if state.get("precision") != self.precision:
+            raise ValueError(
+                f"checkpoint was saved with precision {state.get('precision')!r}, "
+                f"this run uses {self.precision!r}"
+            )
+        scaler_state = state.get("scaler") or {}
+        if scaler_state:
+            self._scaler.load_state_dict(scaler_state)
+        self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -1,0 +1,465 @@
+"""DistributedDataParallel done right: rank identity, process group, sharding, metrics, teardown.
+
+The same script runs unchanged in a notebook (one process) and under ``torchrun``::
+
+    from gpu_training.ddp import init_distributed, resolve_device, cleanup_distributed
+
+    ctx = init_distributed()          # nccl with GPUs, gloo otherwise; no-op in one process
+    device = resolve_device(ctx)      # cuda:<local_rank>, or cpu
+    try:
+        ...
+    finally:
+        cleanup_distributed()         # idempotent: barrier, then destroy the group
+
+Every helper here that talks to other ranks is called by every rank; only
+``ctx.is_main_process`` prints or writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from gpu_training.amp import MixedPrecisionTrainer
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DistributedContext",
+    "cleanup_distributed",
+    "gradient_sync",
+    "init_distributed",
+    "make_distributed_sampler",
+    "move_to_device",
+    "reduce_scalar_dict",
+    "resolve_device",
+    "train_one_epoch",
+    "unwrap_model",
+]
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+"""Process-group timeout: how long a collective waits for a missing rank before raising."""
+
+
+def _env_int(name: str, default: int, env: Mapping[str, str]) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """Who this process is in the job.
+
+    Attributes:
+        rank: Global rank, 0 … world_size-1.
+        local_rank: Rank within this node; selects the GPU.
+        world_size: Number of processes in the job.
+        local_world_size: Number of processes on this node.
+        backend: The process-group backend once initialised (``None`` in one process).
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.local_world_size < 1 or not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(
+                f"local_rank must be in [0, local_world_size={self.local_world_size}), "
+                f"got {self.local_rank}"
+            )
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on global rank 0: the one rank that prints, logs and writes files."""
+        return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on local rank 0 (one per node: node-local caches, downloads)."""
+        return self.local_rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> DistributedContext:
+        """Read the rank identity torchrun injects, or fall back to a single process.
+
+        Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``; when they are
+        unset the context is rank 0 of 1, so scripts also run in a notebook.
+
+        Args:
+            env: Mapping to read instead of ``os.environ`` (for tests).
+
+        Raises:
+            ValueError: When a variable is not an integer or the values are inconsistent.
+        """
+        env = os.environ if env is None else env
+        world_size = _env_int("WORLD_SIZE", 1, env)
+        rank = _env_int("RANK", 0, env)
+        local_rank = _env_int("LOCAL_RANK", rank if world_size > 1 else 0, env)
+        local_world_size = _env_int("LOCAL_WORLD_SIZE", max(world_size, local_rank + 1), env)
+        try:
+            return cls(rank, local_rank, world_size, local_world_size)
+        except ValueError as err:
+            raise ValueError(f"inconsistent torchrun environment: {err}") from None
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op in one process or before the group exists)."""
+        if self.is_distributed and dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+
+def _cuda_usable(ctx: DistributedContext) -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def init_distributed(
+    backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT
+) -> DistributedContext:
+    """Join the process group described by the environment (no-op in one process).
+
+    Picks ``nccl`` when CUDA is available and ``gloo`` otherwise; asking for ``nccl`` on a
+    machine without GPUs falls back to ``gloo`` with a warning, so the same script runs on a
+    laptop. On CUDA it calls ``torch.cuda.set_device(local_rank)`` *before* creating the
+    group — skipping that puts every rank on ``cuda:0``.
+
+    Args:
+        backend: ``"nccl"``, ``"gloo"``, or None to choose.
+        timeout: How long a collective waits for a missing rank before raising.
+
+    Returns:
+        The :class:`DistributedContext` of this process (``backend`` set when distributed).
+
+    Raises:
+        RuntimeError: When ``LOCAL_RANK`` names a GPU that is not visible.
+    """
+    ctx = DistributedContext.from_env()
+    if not ctx.is_distributed:
+        return ctx
+    if dist.is_initialized():  # already joined (e.g. by a framework): report, don't re-init
+        return replace(ctx, backend=str(dist.get_backend()))
+    cuda = _cuda_usable(ctx)
+    if backend is None:
+        backend = "nccl" if cuda else "gloo"
+    elif backend == "nccl" and not cuda:
+        warnings.warn("backend 'nccl' needs CUDA GPUs; none found, using 'gloo'", stacklevel=2)
+        backend = "gloo"
+    if cuda:
+        if ctx.local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK={ctx.local_rank} but only {torch.cuda.device_count()} GPU(s) are "
+                "visible: check CUDA_VISIBLE_DEVICES against --nproc_per_node"
+            )
+        # Before the group: otherwise NCCL binds every rank to cuda:0.
+        torch.cuda.set_device(ctx.local_rank)
+    dist.init_process_group(
+        backend=backend, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout
+    )
+    return replace(ctx, backend=backend)
+
+
+def resolve_device(ctx: DistributedContext) -> torch.device:
+    """``cuda:<local_rank>`` when GPUs are available, else ``cpu``."""
+    if _cuda_usable(ctx):
+        return torch.device("cuda", ctx.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def cleanup_distributed() -> None:
+    """Destroy the process group; safe to call more than once and in exception handlers.
+
+    A barrier comes first: without it gloo ranks that finish at different times abort at
+    exit. If a peer is already gone the barrier fails, and the group is destroyed anyway.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    with contextlib.suppress(Exception):
+        dist.barrier()
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def make_distributed_sampler(
+    dataset: Dataset[Any],
+    ctx: DistributedContext,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> DistributedSampler[Any] | None:
+    """A :class:`DistributedSampler` for this rank, or None in a single process.
+
+    Returning None keeps the ``DataLoader(..., sampler=sampler, shuffle=(sampler is None))``
+    idiom valid in both cases. Remember ``sampler.set_epoch(epoch)`` every epoch
+    (:func:`train_one_epoch` does it).
+
+    With ``drop_last=False`` and a dataset size not divisible by the world size, the sampler
+    pads by repeating a few samples so that every rank gets the same count.
+    """
+    if not ctx.is_distributed:
+        return None
+    return DistributedSampler(
+        dataset,
+        num_replicas=ctx.world_size,
+        rank=ctx.rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+    )
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reduce_scalar_dict(
+    values: Mapping[str, float | int | torch.Tensor],
+    ctx: DistributedContext,
+    average: bool = True,
+) -> dict[str, float]:
+    """All-reduce a dict of scalars in one collective; every rank gets the result.
+
+    Each rank computes loss on its own shard, so rank 0's number is not the global one.
+
+    Args:
+        values: Name → Python number or 0-d/1-element tensor. Every rank must pass the same
+            keys (they are sorted, so insertion order does not matter).
+        ctx: This process's context.
+        average: Divide the sum by the world size.
+
+    Returns:
+        Name → reduced float, identical on every rank.
+
+    Raises:
+        ValueError: If a value is a tensor with more than one element.
+    """
+    keys = sorted(values)
+    flat: list[float | torch.Tensor] = []
+    for key in keys:
+        value = values[key]
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"value {key!r} must be a scalar, got shape {tuple(value.shape)}")
+            value = value.detach().reshape(())
+        flat.append(value)
+    if not (ctx.is_distributed and dist.is_available() and dist.is_initialized()):
+        return {k: float(v) for k, v in zip(keys, flat, strict=True)}
+    device = _collective_device()
+    packed = (
+        torch.stack(
+            [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in flat]
+        )
+        if flat
+        else torch.zeros(0, dtype=torch.float64, device=device)
+    )
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    if average:
+        packed /= ctx.world_size
+    return dict(zip(keys, packed.tolist(), strict=True))
+
+
+def _wrapper_inner(model: nn.Module) -> nn.Module | None:
+    """The module a known wrapper holds, or None when ``model`` is not a wrapper."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    if isinstance(model, (DistributedDataParallel, DataParallel)):
+        return model.module
+    orig = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+    if isinstance(orig, nn.Module):
+        return orig
+    with contextlib.suppress(ImportError):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(model, FullyShardedDataParallel):
+            return model.module
+    inner = getattr(model, "module", None)  # DeepSpeedEngine and Lightning-style wrappers
+    if isinstance(inner, nn.Module) and type(model).__name__ in {
+        "DeepSpeedEngine",
+        "_FabricModule",
+        "_LightningModuleWrapperBase",
+    }:
+        return inner
+    return None
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Strip DDP, DataParallel, FSDP1, DeepSpeed and ``torch.compile`` wrappers (nested too).
+
+    Save ``unwrap_model(model).state_dict()``: its keys carry no ``module.`` /
+    ``_orig_mod.`` prefixes and load into a plain model for inference. (FSDP2's
+    ``fully_shard`` changes the module in place and needs no unwrapping.)
+    """
+    seen = 0
+    while (inner := _wrapper_inner(model)) is not None:
+        model = inner
+        seen += 1
+        if seen > 16:  # a wrapper that points at itself would loop forever
+            raise RuntimeError("unwrap_model: wrapper chain deeper than 16")
+    return model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce inside the block when ``enabled`` is False.
+
+    DDP all-reduces on every ``backward()``; during accumulation that syncs gradients you
+    are about to keep summing. This uses ``model.no_sync()`` (DDP) or FSDP2's
+    ``set_requires_gradient_sync`` and does nothing for a plain module.
+    """
+    if enabled:
+        yield
+        return
+    no_sync = getattr(model, "no_sync", None)
+    if callable(no_sync):
+        with no_sync():
+            yield
+        return
+    setter = getattr(model, "set_requires_gradient_sync", None)
+    if callable(setter):
+        setter(False)
+        try:
+            yield
+        finally:
+            setter(True)
+        return
+    yield
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move tensors in a (nested) tuple/list/dict batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=device.type == "cuda")
+    if isinstance(batch, Mapping):
+        return {k: move_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    return batch
+
+
+def _set_epoch(loader: Iterable[Any], epoch: int) -> bool:
+    for holder in (loader, getattr(loader, "batch_sampler", None)):
+        sampler = getattr(holder, "sampler", None)
+        if sampler is not None and callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
+            return True
+    return False
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: DataLoader[Any] | Iterable[Any],
+    trainer: MixedPrecisionTrainer,
+    loss_fn: Callable[..., torch.Tensor],
+    ctx: DistributedContext,
+    *,
+    epoch: int,
+    device: torch.device | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    max_steps: int | None = None,
+) -> dict[str, float]:
+    """One pass over ``loader`` with accumulation, ``no_sync``, AMP and clipping done right.
+
+    For each micro-batch ``(x, y)``: forward under ``trainer.autocast()``, ``trainer.backward``
+    inside ``no_sync`` unless it closes an accumulation window, then ``trainer.step`` (which
+    acts only on boundaries) and ``scheduler.step()`` after each optimizer step. Calls
+    ``sampler.set_epoch(epoch)`` first. Trailing micro-batches that cannot fill a whole
+    accumulation window are not trained on (their gradient would leak into the next epoch).
+
+    Args:
+        model: The (DDP-wrapped or plain) model.
+        loader: Yields ``(inputs, targets)`` pairs.
+        trainer: Holds the optimizer, precision and accumulation.
+        loss_fn: ``loss_fn(model(inputs), targets)`` → scalar mean loss of the micro-batch.
+        ctx: This process's context; metrics are averaged over its ranks.
+        epoch: Epoch number, passed to ``sampler.set_epoch``.
+        device: Where to move batches (default: the model's parameters' device).
+        scheduler: LR scheduler stepped once per optimizer step.
+        max_steps: Stop after this many optimizer steps.
+
+    Returns:
+        Averaged over ranks: ``loss`` (mean micro-batch loss), ``grad_norm`` (mean over
+        steps), ``lr`` (at the end), and the counts ``steps``, ``skipped_steps`` and
+        ``samples`` (per rank).
+    """
+    if not _set_epoch(loader, epoch) and ctx.is_distributed:
+        warnings.warn(
+            "train_one_epoch: the loader has no sampler with set_epoch(); without a "
+            "DistributedSampler every rank trains on the same data",
+            stacklevel=2,
+        )
+    if device is None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    accum = trainer.grad_accum_steps
+    usable: int | None = None
+    if hasattr(loader, "__len__"):
+        usable = (len(loader) // accum) * accum  # type: ignore[arg-type]
+    model.train()
+    # Running sums stay on the device: a .item() per micro-batch would sync the host.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    norm_sum = 0.0
+    micro_batches = steps = skipped = samples = 0
+    for micro, batch in enumerate(loader):
+        if usable is not None and micro >= usable:
+            break
+        inputs, targets = move_to_device(batch, device)
+        boundary = (micro + 1) % accum == 0
+        with gradient_sync(model, enabled=boundary):
+            with trainer.autocast():
+                loss = loss_fn(model(inputs), targets)
+            trainer.backward(loss)
+        loss_sum += loss.detach().to(torch.float64)
+        samples += len(inputs)
+        micro_batches += 1
+        norm = trainer.step(model.parameters(), micro)
+        if norm is not None:
+            steps += 1
+            if trainer.last_step_skipped:
+                skipped += 1
+            else:
+                norm_sum += norm
+            if scheduler is not None:
+                scheduler.step()
+            if max_steps is not None and steps >= max_steps:
+                break
+    if micro_batches % accum:
+        # An unfinished window (loader without len()): drop its gradient rather than leak it.
+        trainer.optimizer.zero_grad(set_to_none=True)
+    metrics = reduce_scalar_dict(
+        {
+            "loss": loss_sum / max(1, micro_batches),
+            "grad_norm": norm_sum / max(1, steps - skipped),
+            "steps": steps,
+            "skipped_steps": skipped,
+            "samples": samples,
+        },
+        ctx,
+        average=True,
+    )
+    metrics["lr"] = float(trainer.optimizer.param_groups[0]["lr"])
+    return metrics

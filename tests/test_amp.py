@@ -1,0 +1,188 @@
+"""MixedPrecisionTrainer: accumulation math, fp16 loss scaling on CPU, unscale-before-clip."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from gpu_training.amp import (
+    MixedPrecisionTrainer,
+    autocast_dtype,
+    needs_grad_scaler,
+    resolve_precision,
+    should_step,
+)
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def _data(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randn(n, 2, generator=g)
+
+
+def test_should_step_boundaries() -> None:
+    assert [should_step(i, 4) for i in range(8)] == [False, False, False, True] * 2
+    assert all(should_step(i, 1) for i in range(3))
+    with pytest.raises(ValueError, match="grad_accum_steps"):
+        should_step(0, 0)
+
+
+def test_precision_policy() -> None:
+    assert needs_grad_scaler("fp16") and not needs_grad_scaler("bf16")
+    assert not needs_grad_scaler("fp32")
+    assert resolve_precision("auto", "cpu") == "fp32"  # CPU: fp32 unless asked
+    assert resolve_precision("bf16", "cpu") == "bf16"
+    assert autocast_dtype("bf16") is torch.bfloat16 and autocast_dtype("fp32") is None
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("fp8", "cpu")
+    with pytest.raises(ValueError, match="resolve 'auto'"):
+        needs_grad_scaler("auto")
+
+
+def test_accumulation_equals_one_big_batch_fp32() -> None:
+    x, y = _data(32)
+    big, small = _model(), _model()
+    opt_big = torch.optim.AdamW(big.parameters(), lr=1e-2)
+    opt_small = torch.optim.AdamW(small.parameters(), lr=1e-2)
+    ref = MixedPrecisionTrainer(opt_big, precision="fp32", max_grad_norm=0.5)
+    acc = MixedPrecisionTrainer(opt_small, precision="fp32", grad_accum_steps=4, max_grad_norm=0.5)
+    for _ in range(3):
+        ref.backward(nn.functional.mse_loss(big(x), y))
+        norm_big = ref.step(big.parameters(), 0)
+        norms = []
+        for i, (xb, yb) in enumerate(zip(x.chunk(4), y.chunk(4), strict=True)):
+            acc.backward(nn.functional.mse_loss(small(xb), yb))
+            norms.append(acc.step(small.parameters(), i))
+        assert norms[:3] == [None, None, None]
+        assert norms[3] == pytest.approx(norm_big, rel=1e-5)
+    for a, b in zip(big.parameters(), small.parameters(), strict=True):
+        assert (a - b).abs().max().item() <= 1e-6
+    assert all(p.grad is None for p in small.parameters())  # zero_grad(set_to_none) on boundary
+
+
+def test_fp16_overflow_skips_step_and_lowers_scale_on_cpu() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = MixedPrecisionTrainer(opt, precision="fp16", max_grad_norm=1.0)
+    assert trainer.scaler.is_enabled() and trainer.loss_scale == 2.0**16
+    before = copy.deepcopy(model.state_dict())
+    x, y = _data(4)
+    loss = nn.functional.mse_loss(model(x), y) * float("inf")  # forced overflow
+    trainer.backward(loss)
+    norm = trainer.step(model.parameters(), 0)
+    assert norm is not None and not torch.isfinite(torch.tensor(norm))
+    assert trainer.last_step_skipped and trainer.skipped_steps == 1
+    assert trainer.loss_scale == 2.0**15
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), f"{k} changed on a skipped step"
+    # The next, finite step goes through.
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    assert trainer.step(model.parameters(), 0) is not None
+    assert not trainer.last_step_skipped
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_fp16_scaler_state_round_trips() -> None:
+    model = _model()
+    trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), precision="fp16")
+    x, y = _data(4)
+    trainer.backward(nn.functional.mse_loss(model(x), y) * float("inf"))
+    trainer.step(model.parameters(), 0)
+    for _ in range(3):
+        with trainer.autocast():
+            loss = nn.functional.mse_loss(model(x), y)
+        trainer.backward(loss)
+        trainer.step(model.parameters(), 0)
+    state = trainer.state_dict()
+    fresh = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), precision="fp16")
+    assert fresh.loss_scale == 2.0**16
+    fresh.load_state_dict(state)
+    assert fresh.loss_scale == trainer.loss_scale == 2.0**15
+    assert fresh.scaler.state_dict() == trainer.scaler.state_dict()  # growth tracker too
+    assert fresh.skipped_steps == 1
+    bf16 = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), precision="bf16")
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        bf16.load_state_dict(state)
+
+
+@pytest.mark.parametrize("use_autocast", [False, True])
+def test_fp16_clipping_sees_unscaled_gradients(use_autocast: bool) -> None:
+    x, y = _data(16)
+    # A large loss puts the true norm far above max_grad_norm.
+    y = y * 100.0
+    results = {}
+    for precision in ("fp32", "fp16"):
+        model = _model()
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer = MixedPrecisionTrainer(
+            torch.optim.SGD(model.parameters(), lr=1.0), precision=precision, max_grad_norm=1.0
+        )
+        for _ in range(12):  # fp16: the first steps may overflow at 2^16 and be skipped
+            ctx = trainer.autocast() if use_autocast else torch.autocast("cpu", enabled=False)
+            with ctx:
+                loss = nn.functional.mse_loss(model(x), y)
+            trainer.backward(loss)
+            norm = trainer.step(model.parameters(), 0)
+            if not trainer.last_step_skipped:
+                break
+        assert norm is not None and not trainer.last_step_skipped
+        params = list(model.parameters())
+        update = torch.cat(
+            [(b - p.detach()).flatten() for b, p in zip(before, params, strict=True)]
+        )
+        results[precision] = (norm, update)
+    (norm32, upd32), (norm16, upd16) = results["fp32"], results["fp16"]
+    assert norm32 > 100.0  # clipping is active
+    tol = 1e-3 if use_autocast else 1e-6
+    assert norm16 == pytest.approx(norm32, rel=tol)  # the norm is the unscaled, true norm
+    # SGD(lr=1): the update is the clipped gradient, so its norm is max_grad_norm.
+    assert upd16.norm().item() == pytest.approx(1.0, rel=1e-3)
+    assert upd32.norm().item() == pytest.approx(1.0, rel=1e-4)
+
+
+def test_bf16_autocast_on_cpu_runs_without_scaler() -> None:
+    model = _model()
+    trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), precision="bf16")
+    assert not trainer.scaler.is_enabled() and trainer.loss_scale == 1.0
+    x, y = _data(4)
+    with trainer.autocast():
+        out = model(x)
+    assert out.dtype is torch.bfloat16
+    trainer.backward(nn.functional.mse_loss(out.float(), y))
+    assert trainer.step(model.parameters(), 0) is not None
+
+
+def test_guide_mixed_precision_loop_runs_as_written() -> None:
+    model, loss_fn = _model(), nn.MSELoss()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x_all, y_all = _data(32)
+    loader = list(zip(x_all.chunk(8), y_all.chunk(8), strict=True))
+    # --- the guide's snippet, verbatim (precision bf16 works on the CPU too) ---
+    trainer = MixedPrecisionTrainer(
+        optimizer, precision="bf16", grad_accum_steps=4, max_grad_norm=1.0
+    )
+
+    for micro_step, (x, y) in enumerate(loader):
+        with trainer.autocast():  # autocast in bf16 (or nullcontext for fp32)
+            loss = loss_fn(model(x), y)
+        trainer.backward(loss)  # scales loss, divides by accum, backward
+        grad_norm = trainer.step(model.parameters(), micro_step)  # steps on boundary
+    # --- end ---
+    assert grad_norm is not None and micro_step == 7
+
+
+def test_bad_constructor_arguments() -> None:
+    opt = torch.optim.SGD(_model().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="grad_accum_steps"):
+        MixedPrecisionTrainer(opt, grad_accum_steps=0)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        MixedPrecisionTrainer(opt, max_grad_norm=0.0)
+    with pytest.raises(ValueError, match="precision"):
+        MixedPrecisionTrainer(opt, precision="half")

@@ -1,0 +1,346 @@
+"""Tests for gpu_training.launcher: torchrun command lines, validation, and the launch env."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dist_harness import REPO_ROOT, find_free_port, run_python
+from gpu_training import launcher
+from gpu_training.launcher import (
+    launch_env,
+    make_rdzv_id,
+    multi_node_argv,
+    multi_node_commands,
+    parse_endpoint,
+    single_node_argv,
+    single_node_command,
+)
+
+_ID_RE = re.compile(r"--rdzv_id=(\S+)")
+
+
+# --- single node ------------------------------------------------------------------------------
+
+
+def test_single_node_command_matches_the_guide_exactly() -> None:
+    cmd = single_node_command("examples/train_ddp.py", 4, ["--epochs", "3"])
+    assert cmd == "torchrun --standalone --nproc_per_node=4 examples/train_ddp.py --epochs 3"
+
+
+def test_single_node_without_args() -> None:
+    assert single_node_command("t.py", 1) == "torchrun --standalone --nproc_per_node=1 t.py"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--name", "my run"],
+        ["--msg", 'it\'s "quoted"'],
+        ["--glob", "*.pt", "--var", "$HOME", "--semi", "a;rm -rf /"],
+        ["--empty", ""],
+        ["--newline", "a\nb"],
+    ],
+)
+def test_args_are_shell_quoted_and_round_trip(args: list[str]) -> None:
+    cmd = single_node_command("dir with space/train.py", 2, args)
+    assert shlex.split(cmd) == [
+        "torchrun",
+        "--standalone",
+        "--nproc_per_node=2",
+        "dir with space/train.py",
+        *args,
+    ]
+    multi = multi_node_commands("train.py", 2, 2, "h:1", args, rdzv_id="j")
+    assert all(shlex.split(line)[-len(args) :] == args for line in multi)
+
+
+def test_arg_with_space_gets_quotes() -> None:
+    assert single_node_command("t.py", 1, ["a b"]).endswith("t.py 'a b'")
+
+
+def test_single_node_argv_is_the_unquoted_list() -> None:
+    argv = single_node_argv("train.py", 2, ["--name", "my run"])
+    assert argv == [
+        "torchrun",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        "--name",
+        "my run",
+    ]
+    custom = single_node_argv("t.py", 1, program=(sys.executable, "-m", "torch.distributed.run"))
+    assert custom[:3] == [sys.executable, "-m", "torch.distributed.run"]
+
+
+def test_single_node_max_restarts_only_when_asked() -> None:
+    assert "max_restarts" not in single_node_command("t.py", 2)
+    assert "--max_restarts=0" in single_node_argv("t.py", 2, max_restarts=0)
+    argv = single_node_argv("t.py", 2, ["--x"], max_restarts=3)
+    assert argv.index("--max_restarts=3") < argv.index("t.py")  # a torchrun flag, not a script arg
+
+
+# --- multi node -------------------------------------------------------------------------------
+
+
+def test_multi_node_lines_share_one_generated_rdzv_id() -> None:
+    cmds = multi_node_commands(
+        "examples/train_ddp.py", nnodes=3, nproc_per_node=8, rdzv_endpoint="head-node:29500"
+    )
+    assert len(cmds) == 3
+    ids = {_ID_RE.search(cmd).group(1) for cmd in cmds}  # type: ignore[union-attr]
+    assert len(ids) == 1
+    assert re.fullmatch(r"gt-[0-9a-f]{8}", ids.pop())
+    for cmd in cmds:
+        argv = shlex.split(cmd)
+        assert argv[0] == "torchrun"
+        assert "--nnodes=3" in argv and "--nproc_per_node=8" in argv
+        assert "--rdzv_backend=c10d" in argv
+        assert "--rdzv_endpoint=head-node:29500" in argv
+        assert not any("node_rank" in a for a in argv)  # c10d ignores it
+        assert not any("max_restarts" in a for a in argv)
+        assert "--standalone" not in argv
+        assert argv[-1] == "examples/train_ddp.py"
+
+
+def test_multi_node_jobs_get_different_ids_unless_given() -> None:
+    first = multi_node_commands("t.py", 2, 1, "h:29500")[0]
+    second = multi_node_commands("t.py", 2, 1, "h:29500")[0]
+    assert _ID_RE.search(first).group(1) != _ID_RE.search(second).group(1)  # type: ignore[union-attr]
+    given = multi_node_commands("t.py", 2, 1, "h:29500", rdzv_id="job1")
+    assert all("--rdzv_id=job1" in cmd for cmd in given)
+    assert make_rdzv_id() != make_rdzv_id()
+
+
+def test_multi_node_max_restarts_only_when_asked() -> None:
+    assert "--max_restarts=3" in multi_node_commands("t.py", 2, 8, "h:1", max_restarts=3)[1]
+    assert "--max_restarts=0" in multi_node_commands("t.py", 2, 8, "h:1", max_restarts=0)[0]
+
+
+def test_multi_node_argv_and_ipv6_endpoint() -> None:
+    argv = multi_node_argv("t.py", 2, 4, "[::1]:29500", ["--x", "1"], rdzv_id="j")
+    assert argv == [
+        "torchrun",
+        "--nnodes=2",
+        "--nproc_per_node=4",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=[::1]:29500",
+        "--rdzv_id=j",
+        "t.py",
+        "--x",
+        "1",
+    ]
+
+
+def test_guide_snippet_runs() -> None:
+    # Verbatim from the guide (seeds/000, "Launching with torchrun").
+    snippet = textwrap.dedent(
+        """
+        from gpu_training.launcher import single_node_command, multi_node_commands
+
+        # Single node, 4 GPUs:
+        print(single_node_command("examples/train_ddp.py", 4, ["--epochs", "3"]))
+        # -> torchrun --standalone --nproc_per_node=4 examples/train_ddp.py --epochs 3
+
+        # Two nodes, 8 GPUs each (run the matching line on each node):
+        for cmd in multi_node_commands("examples/train_ddp.py", nnodes=2,
+                                       nproc_per_node=8, rdzv_endpoint="head-node:29500"):
+            print(cmd)
+        """
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, "<guide>", "exec"), {})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "torchrun --standalone --nproc_per_node=4 examples/train_ddp.py --epochs 3"
+    assert len(lines) == 3 and lines[1] == lines[2]
+    assert lines[1].startswith(
+        "torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d "
+        "--rdzv_endpoint=head-node:29500 --rdzv_id=gt-"
+    )
+    assert lines[1].endswith(" examples/train_ddp.py")
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: single_node_command("t.py", 0), "nproc"),
+        (lambda: single_node_command("t.py", -2), "nproc"),
+        (lambda: single_node_command("t.py", 2.0), "nproc"),
+        (lambda: single_node_command("t.py", True), "nproc"),
+        (lambda: single_node_command("t.py", "4"), "nproc"),
+        (lambda: single_node_command("", 1), "script"),
+        (lambda: single_node_command("   ", 1), "script"),
+        (lambda: single_node_command(None, 1), "script"),
+        (lambda: single_node_command("t.py", 1, "--epochs 3"), "args"),
+        (lambda: single_node_command("t.py", 1, ["--epochs", 3]), "args"),
+        (lambda: single_node_command("t.py", 1, max_restarts=-1), "max_restarts"),
+        (lambda: multi_node_commands("t.py", 0, 8, "h:1"), "nnodes"),
+        (lambda: multi_node_commands("t.py", 2, 0, "h:1"), "nproc_per_node"),
+        (lambda: multi_node_commands("t.py", 2, 8, "head-node"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, "head-node:"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, ":29500"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:0"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:65536"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:port"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h o:1"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, "::1:29500"), "rdzv_endpoint"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:1", max_restarts=-1), "max_restarts"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:1", max_restarts=1.5), "max_restarts"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:1", rdzv_id=""), "rdzv_id"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:1", rdzv_id="a b"), "rdzv_id"),
+        (lambda: multi_node_commands("t.py", 2, 8, "h:1", rdzv_backend="static"), "rdzv_backend"),
+        (lambda: multi_node_commands("", 2, 8, "h:1"), "script"),
+        (lambda: launch_env({}, nproc_per_node=0), "nproc_per_node"),
+    ],
+)
+def test_validation_errors_name_the_argument(call: Callable[[], Any], name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        call()
+
+
+def test_ipv6_hint() -> None:
+    with pytest.raises(ValueError, match=r"\[::1\]:29500"):
+        parse_endpoint("::1:29500")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [
+        ("head-node:29500", ("head-node", 29500)),
+        ("10.0.0.1:1", ("10.0.0.1", 1)),
+        ("node0.cluster.local:65535", ("node0.cluster.local", 65535)),
+        ("[::1]:29500", ("::1", 29500)),
+        ("[fe80::1%eth0]:29400", ("fe80::1%eth0", 29400)),
+    ],
+)
+def test_parse_endpoint_accepts(endpoint: str, expected: tuple[str, int]) -> None:
+    assert parse_endpoint(endpoint) == expected
+
+
+# --- environment ------------------------------------------------------------------------------
+
+
+def test_launch_env_sets_restart_variable_and_keeps_user_omp() -> None:
+    base = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "7"}
+    env = launch_env(base, nproc_per_node=4)
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env["OMP_NUM_THREADS"] == "7"
+    assert env["PATH"] == "/usr/bin"
+    assert base == {"PATH": "/usr/bin", "OMP_NUM_THREADS": "7"}  # not modified
+
+
+def test_launch_env_shares_cpus_when_omp_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "_cpu_count", lambda: 16)
+    assert launch_env({}, nproc_per_node=4)["OMP_NUM_THREADS"] == "4"
+    assert launch_env({}, nproc_per_node=3)["OMP_NUM_THREADS"] == "5"
+    assert launch_env({}, nproc_per_node=64)["OMP_NUM_THREADS"] == "1"
+    assert launch_env({})["OMP_NUM_THREADS"] == "16"
+
+
+def test_launch_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GT_LAUNCH_MARKER", "yes")
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    env = launch_env()
+    assert env["GT_LAUNCH_MARKER"] == "yes"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ
+
+
+def test_launcher_does_not_import_torch() -> None:
+    code = "import sys, gpu_training.launcher; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = run_python(["-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- against the real torchrun ------------------------------------------------------------------
+
+
+def test_torchrun_parses_the_generated_flags() -> None:
+    run = pytest.importorskip("torch.distributed.run")
+    argv = multi_node_argv(
+        "train.py", 2, 8, "head-node:29500", ["--lr", "0.1"], rdzv_id="job1", max_restarts=3
+    )
+    parsed = run.parse_args(argv[1:])
+    assert (parsed.nnodes, parsed.nproc_per_node) == ("2", "8")
+    assert (parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.rdzv_id) == (
+        "c10d",
+        "head-node:29500",
+        "job1",
+    )
+    assert parsed.max_restarts == 3
+    assert (parsed.training_script, parsed.training_script_args) == ("train.py", ["--lr", "0.1"])
+    single = run.parse_args(single_node_argv("t.py", 4, ["--epochs", "3"])[1:])
+    assert single.standalone and single.nproc_per_node == "4"
+    assert single.training_script_args == ["--epochs", "3"]
+
+
+_ECHO_WORKER = """\
+import json, os, sys
+keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS"]
+out = os.path.join(sys.argv[1], "rank%s.json" % os.environ["RANK"])
+with open(out, "w") as f:
+    json.dump({**{k: os.environ.get(k) for k in keys}, "argv": sys.argv[2:]}, f)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_two_torchrun_agents_rendezvous_without_node_rank(tmp_path: Path) -> None:
+    """Two agents on this machine, started from the generated lines, form one 2-rank job."""
+    pytest.importorskip("torch")
+    script = tmp_path / "echo_worker.py"
+    script.write_text(_ECHO_WORKER)
+    endpoint = f"127.0.0.1:{find_free_port()}"
+    job_id = make_rdzv_id()
+    argv = multi_node_argv(
+        str(script),
+        nnodes=2,
+        nproc_per_node=1,
+        rdzv_endpoint=endpoint,
+        args=[str(tmp_path), "--name", "my run"],
+        rdzv_id=job_id,
+        program=(sys.executable, "-m", "torch.distributed.run"),
+    )
+    env = launch_env({**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"})
+    agents = [
+        subprocess.Popen(
+            argv,
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # one killpg ends an agent and its workers
+        )
+        for _ in range(2)
+    ]
+    try:
+        outputs = [agent.communicate(timeout=120)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.pid, signal.SIGKILL)
+    assert [a.returncode for a in agents] == [0, 0], "\n---\n".join(outputs)
+    import json
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert {r["GROUP_RANK"] for r in ranks} == {"0", "1"}  # c10d assigned the node ranks
+    assert all(r["WORLD_SIZE"] == "2" and r["LOCAL_RANK"] == "0" for r in ranks)
+    assert [r["TORCHELASTIC_RUN_ID"] for r in ranks] == [job_id, job_id]
+    assert all(r["argv"] == ["--name", "my run"] for r in ranks)
+    assert all(r["OMP_NUM_THREADS"] == "1" for r in ranks)
