@@ -87,7 +87,9 @@ def main() -> None:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
         # drop_last: every rank gets the same number of whole micro-batches.
-        sampler = make_distributed_sampler(dataset, ctx, shuffle=True, seed=cfg.seed, drop_last=True)
+        sampler = make_distributed_sampler(
+            dataset, ctx, shuffle=True, seed=cfg.seed, drop_last=True
+        )
         loader = DataLoader(
             dataset,
             batch_size=cfg.per_device_batch_size,

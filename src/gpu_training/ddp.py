@@ -115,6 +115,13 @@ class DistributedContext:
         Args:
             env: Mapping to read instead of ``os.environ`` (for tests).
 
+        Example:
+            >>> DistributedContext.from_env({}).world_size
+            1
+            >>> ctx = DistributedContext.from_env({"RANK": "3", "WORLD_SIZE": "4"})
+            >>> ctx.rank, ctx.local_rank, ctx.is_main_process
+            (3, 3, False)
+
         Raises:
             ValueError: When a variable is not an integer or the values are inconsistent.
         """
