@@ -42,7 +42,8 @@ def _resolve(module: str, qualname: str, module_file: str | None) -> Callable[..
     obj: Any = _import_module(module, module_file)
     for part in qualname.split("."):
         obj = getattr(obj, part)
-    return obj
+    fn: Callable[..., Any] = obj
+    return fn
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -115,7 +115,10 @@ def _run_captured(
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_tree([proc.pid])
-        out, err = proc.communicate()
+        try:  # bounded: a process that escaped the tree could hold the pipes open forever
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out, err = "", "<output lost: a process outside the killed tree holds the pipes>"
         raise AssertionError(
             f"timed out after {timeout:.0f}s, process tree killed: {' '.join(cmd)}\n"
             f"--- stdout tail ---\n{_tail(out)}\n--- stderr tail ---\n{_tail(err)}"
@@ -211,6 +214,7 @@ def _launch(payload: Path, nprocs: int, env: Mapping[str, str] | None) -> list[P
     """Starts the ranks in one process group led by rank 0, output to ``rank{R}.log``."""
     base = {**_base_env(None), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port())}
     base.update(WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0")
+    base["PYTHONUNBUFFERED"] = "1"  # a killed rank's prints must already be in its log
     cmd = [sys.executable, str(_WORKER), str(payload), str(payload.parent)]
     procs: list[Popen[bytes]] = []
     try:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from dist_harness import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,8 +22,11 @@ DOCTEST_MODULES = [
     "gpu_training.schedule",
     "gpu_training.launcher",
     "gpu_training.ddp",
-    "gpu_training.checkpoint",
+    "gpu_training.checkpoint.manager",
     "gpu_training.profiling",
+    "gpu_training.data",
+    "gpu_training.rng",
+    "gpu_training.resume",
 ]
 
 

@@ -15,6 +15,7 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,7 +52,7 @@ def _survivors(pids: list[int], within: float = 5.0) -> list[int]:
 # --- rank functions (run inside the harness's workers) -------------------------------------
 
 
-def _allreduce_rank(scale: float) -> dict[str, object]:
+def _allreduce_rank(scale: float) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -85,6 +86,7 @@ def _raise_on_rank1() -> int:
 def _sleep_forever(pid_dir: str) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     Path(pid_dir, f"rank{_rank()}.pids").write_text(f"{os.getpid()} {child.pid}")
+    print(f"rank {_rank()} going to sleep")
     time.sleep(600)
 
 
@@ -149,9 +151,9 @@ def test_run_ranks_names_the_rank_that_raised_and_stops_the_others_early() -> No
 
     message = str(info.value)
     assert time.monotonic() - start < 30  # rank 0 waits forever in init unless killed
-    assert "ranks [1] failed" in message
-    assert "rank 1 raised" in message
-    assert "ValueError: boom on rank 1" in message
+    first_line, _, rest = message.partition("\n")
+    assert first_line == "run_ranks failed: rank 1 raised ValueError: boom on rank 1 (exit code 1)"
+    assert 'raise ValueError("boom on rank 1")' in rest  # the rank's traceback
     assert "rank 0 had not finished" in message
 
 
@@ -165,6 +167,7 @@ def test_run_ranks_timeout_kills_every_rank_and_their_children(tmp_path: Path) -
     message = str(info.value)
     assert "timed out after 5s: ranks [0, 1] had not finished" in message
     assert "_sleep_forever" in message  # each hung rank's stack, dumped by faulthandler
+    assert "rank 0 going to sleep" in message and "rank 1 going to sleep" in message
     pids = [int(p) for f in sorted(tmp_path.glob("rank*.pids")) for p in f.read_text().split()]
     assert len(pids) == 4
     assert _survivors(pids) == []

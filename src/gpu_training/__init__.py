@@ -45,8 +45,22 @@ _EXPORTS: dict[str, str] = {
     # checkpoint
     "CheckpointManager": "checkpoint",
     "CheckpointError": "checkpoint",
+    "strip_wrapper_prefixes": "checkpoint",
+    # data
+    "GlobalBatchSampler": "data",
+    "SamplerConfigError": "data",
+    "global_batch_plan": "data",
+    # rng / resume
+    "seed_everything": "rng",
+    "capture_rng_state": "rng",
+    "restore_rng_state": "rng",
+    "capture_training_state": "resume",
+    "restore_training_state": "resume",
     # profiling
     "find_max_batch_size": "profiling",
+    "search_max_batch_size": "profiling",
+    "make_fits": "profiling",
+    "BatchSizeError": "profiling",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -72,7 +86,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         resolve_precision,
         should_step,
     )
-    from gpu_training.checkpoint import CheckpointError, CheckpointManager
+    from gpu_training.checkpoint import (
+        CheckpointError,
+        CheckpointManager,
+        strip_wrapper_prefixes,
+    )
     from gpu_training.config import (
         ConfigError,
         TrainingConfig,
@@ -81,6 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_config,
         scale_lr,
     )
+    from gpu_training.data import GlobalBatchSampler, SamplerConfigError, global_batch_plan
     from gpu_training.ddp import (
         DistributedContext,
         cleanup_distributed,
@@ -92,5 +111,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         unwrap_model,
     )
     from gpu_training.launcher import multi_node_commands, single_node_command
-    from gpu_training.profiling import find_max_batch_size
+    from gpu_training.profiling import (
+        BatchSizeError,
+        find_max_batch_size,
+        make_fits,
+        search_max_batch_size,
+    )
+    from gpu_training.resume import capture_training_state, restore_training_state
+    from gpu_training.rng import capture_rng_state, restore_rng_state, seed_everything
     from gpu_training.schedule import linear_warmup_cosine_lr

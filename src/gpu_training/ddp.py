@@ -370,10 +370,15 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
 
 
 def _set_epoch(loader: Iterable[Any], epoch: int) -> bool:
-    for holder in (loader, getattr(loader, "batch_sampler", None)):
-        sampler = getattr(holder, "sampler", None)
-        if sampler is not None and callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    # A DistributedSampler sits at loader.sampler; a GlobalBatchSampler is the batch_sampler.
+    for candidate in (
+        getattr(loader, "sampler", None),
+        batch_sampler,
+        getattr(batch_sampler, "sampler", None),
+    ):
+        if candidate is not None and callable(getattr(candidate, "set_epoch", None)):
+            candidate.set_epoch(epoch)
             return True
     return False
 

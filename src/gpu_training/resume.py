@@ -1,0 +1,133 @@
+"""Everything a step depends on, in one checkpointable dict — and back.
+
+Exact resume needs more than weights: the optimizer's moments, the LR schedule's position,
+the fp16 loss scale, where the sampler is in its epoch, and every rank's random-number
+state. :func:`capture_training_state` collects them (a collective: every rank calls it; the
+per-rank RNG states are gathered to rank 0, which is the rank that writes), and
+:func:`restore_training_state` puts them back on every rank.
+
+Example:
+    >>> import tempfile, torch
+    >>> from gpu_training.checkpoint import CheckpointManager
+    >>> from gpu_training.ddp import DistributedContext
+    >>> ctx = DistributedContext()
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = torch.optim.AdamW(model.parameters())
+    >>> ckpt = CheckpointManager(tempfile.mkdtemp(), ctx=ctx)
+    >>> _ = ckpt.save(capture_training_state(ctx, model, opt, step=3), step=3)
+    >>> restore_training_state(ckpt.load(), ctx, model, opt)
+    3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from gpu_training.amp import MixedPrecisionTrainer
+from gpu_training.ddp import DistributedContext, unwrap_model
+from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
+
+__all__ = ["StatefulSampler", "capture_training_state", "restore_training_state"]
+
+
+class StatefulSampler(Protocol):
+    """A sampler whose position can be saved (e.g. :class:`gpu_training.data.GlobalBatchSampler`)."""
+
+    def state_dict(self) -> dict[str, int]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def capture_training_state(
+    ctx: DistributedContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    amp: MixedPrecisionTrainer | None = None,
+    sampler: StatefulSampler | None = None,
+    generators: Mapping[str, torch.Generator] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The state of a data-parallel run at an optimizer-step boundary.
+
+    A collective (the RNG states of all ranks are gathered): call it on every rank, then
+    hand the result to ``CheckpointManager.save`` on every rank (only rank 0's is written).
+
+    Args:
+        ctx: This process's context.
+        model: The (possibly wrapped) model; its unwrapped ``state_dict`` is saved.
+        optimizer: Its ``state_dict`` is saved.
+        step: Optimizer steps completed.
+        scheduler: LR scheduler to save.
+        amp: Mixed-precision trainer (loss scale, skipped steps).
+        sampler: Sampler with ``state_dict`` (epoch and position).
+        generators: Named private generators (e.g. each DataLoader's ``generator``).
+        extra: Plain data of the caller's (epoch counters, best metric...).
+
+    Returns:
+        A dict of tensors and plain data that loads with ``weights_only=True``.
+    """
+    return {
+        "step": int(step),
+        "world_size": ctx.world_size,
+        "model_state": unwrap_model(model).state_dict(),
+        "optimizer_state": optimizer.state_dict(),
+        "scheduler_state": scheduler.state_dict() if scheduler is not None else None,
+        "amp_state": amp.state_dict() if amp is not None else None,
+        "sampler_state": sampler.state_dict() if sampler is not None else None,
+        "rng_states": gather_rng_states(ctx, generators),
+        "extra": dict(extra or {}),
+    }
+
+
+def restore_training_state(
+    state: Mapping[str, Any],
+    ctx: DistributedContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    amp: MixedPrecisionTrainer | None = None,
+    sampler: StatefulSampler | None = None,
+    generators: Mapping[str, torch.Generator] | None = None,
+    seed: int = 0,
+) -> int:
+    """Put a captured state back, on every rank; returns the step to continue from.
+
+    On the world size it was saved at, every rank gets its own RNG state back, so the run
+    continues bitwise as if it had not stopped. On another world size the sampler still
+    continues the same sequence of global batches, but per-rank random streams (dropout)
+    cannot continue: rank ``r`` restores rank ``r``'s state where one was saved and is
+    reseeded from ``(seed, step, r)`` otherwise — deterministic, not identical.
+
+    Raises:
+        KeyError: When the state lacks something that was asked to be restored.
+    """
+    unwrap_model(model).load_state_dict(state["model_state"])
+    optimizer.load_state_dict(state["optimizer_state"])
+    for name, target in (
+        ("scheduler_state", scheduler),
+        ("amp_state", amp),
+        ("sampler_state", sampler),
+    ):
+        if target is None:
+            continue
+        saved = state.get(name)
+        if saved is None:
+            raise KeyError(f"checkpoint has no {name} to restore")
+        target.load_state_dict(saved)
+    step = int(state["step"])
+    rng_states = state.get("rng_states") or []
+    if ctx.rank < len(rng_states):
+        restore_rng_state(rng_states[ctx.rank], generators)
+    else:
+        seed_everything(seed + 1_000_003 * step, rank=ctx.rank)
+        if rng_states:  # shared-purpose generators (data loaders) continue from rank 0's
+            restore_rng_state(rng_states[0], generators, global_state=False)
+    return step

@@ -1,0 +1,195 @@
+"""Random-number state: seed it, capture it, restore it — on every rank.
+
+Bitwise-exact resume needs every source of randomness a step consumes: torch's CPU and CUDA
+generators (dropout, init), Python's ``random`` and NumPy's global state (augmentations), and
+the private ``torch.Generator`` objects a run hands its data loaders (each ``iter(DataLoader)``
+draws a base seed — from the *global* RNG unless the loader has its own generator).
+Ranks draw different dropout masks, so each rank's state is saved, not just rank 0's.
+
+Everything is stored as tensors, ints, floats and None, so a checkpoint holding it loads with
+``torch.load(..., weights_only=True)``.
+
+Example:
+    >>> import random, torch
+    >>> g = torch.Generator().manual_seed(1)
+    >>> state = capture_rng_state({"loader": g})
+    >>> a = (torch.rand(2), random.random(), torch.rand(1, generator=g))
+    >>> restore_rng_state(state, {"loader": g})
+    >>> b = (torch.rand(2), random.random(), torch.rand(1, generator=g))
+    >>> torch.equal(a[0], b[0]) and a[1] == b[1] and torch.equal(a[2], b[2])
+    True
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpu_training.ddp import DistributedContext
+
+__all__ = [
+    "capture_rng_state",
+    "gather_rng_states",
+    "restore_rng_state",
+    "seed_everything",
+]
+
+
+def seed_everything(seed: int, *, rank: int = 0) -> None:
+    """Seed torch (CPU and CUDA), Python's ``random`` and NumPy with ``seed + rank``.
+
+    Use ``rank=0`` everywhere before building the model (identical initial weights), and
+    ``rank=ctx.rank`` afterwards when ranks should draw different random numbers (the guide:
+    "set seeds per rank").
+
+    Raises:
+        ValueError: If ``seed + rank`` is negative.
+    """
+    value = seed + rank
+    if value < 0:
+        raise ValueError(f"seed + rank must be >= 0, got {value}")
+    random.seed(value)
+    torch.manual_seed(value)  # also seeds every CUDA device
+    try:
+        import numpy as np
+    except ImportError:  # NumPy is optional
+        return
+    np.random.seed(value % 2**32)
+
+
+def _numpy_state() -> dict[str, Any] | None:
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    if kind != "MT19937":  # pragma: no cover - NumPy's legacy global state is always MT19937
+        return None
+    return {
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64).copy()),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+
+
+def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """This process's RNG state, as plain tensors and numbers.
+
+    Args:
+        generators: Named private generators to include (e.g. a DataLoader's ``generator``).
+
+    Returns:
+        A dict with ``torch``, ``cuda`` (a list, empty without CUDA), ``python``, ``numpy``
+        (None without NumPy) and ``generators``.
+    """
+    version, internal, gauss_next = random.getstate()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": list(cuda),
+        "python": {
+            "version": int(version),
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss_next,
+        },
+        "numpy": _numpy_state(),
+        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
+    }
+
+
+def restore_rng_state(
+    state: Mapping[str, Any],
+    generators: Mapping[str, torch.Generator] | None = None,
+    *,
+    global_state: bool = True,
+) -> None:
+    """Restore what :func:`capture_rng_state` captured.
+
+    Args:
+        state: A captured state (e.g. from a checkpoint loaded with ``weights_only=True``).
+        generators: The same named generators that were captured; each is restored in place.
+        global_state: Also restore torch, CUDA, Python and NumPy global states (False: only
+            the named generators).
+
+    Raises:
+        KeyError: If a generator to restore is missing from ``state``.
+    """
+    saved = state.get("generators") or {}
+    for name, generator in (generators or {}).items():
+        if name not in saved:
+            raise KeyError(f"no saved state for generator {name!r} (saved: {sorted(saved)})")
+        generator.set_state(saved[name])
+    if not global_state:
+        return
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        count = min(len(cuda), torch.cuda.device_count())
+        torch.cuda.set_rng_state_all(list(cuda)[:count])
+    py = state["python"]
+    random.setstate(
+        (py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss_next"])
+    )
+    np_state = state.get("numpy")
+    if np_state is not None:
+        try:
+            import numpy as np
+        except ImportError:
+            np = None  # type: ignore[assignment]
+        if np is not None:
+            np.random.set_state(
+                (
+                    "MT19937",
+                    np_state["keys"].numpy().astype(np.uint32),
+                    np_state["pos"],
+                    np_state["has_gauss"],
+                    np_state["cached_gaussian"],
+                )
+            )
+
+
+def _to_bytes(obj: Any) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def gather_rng_states(
+    ctx: DistributedContext, generators: Mapping[str, torch.Generator] | None = None
+) -> list[dict[str, Any]] | None:
+    """Every rank's RNG state, gathered to rank 0. A collective: every rank must call it.
+
+    Args:
+        ctx: This process's context.
+        generators: Named private generators to include (the same names on every rank).
+
+    Returns:
+        On rank 0, one state per rank (index = rank); None on the other ranks.
+    """
+    local = capture_rng_state(generators)
+    if not (ctx.is_distributed and dist.is_available() and dist.is_initialized()):
+        return [local]
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    payload = _to_bytes(local).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(ctx.world_size)]
+    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64, device=device))
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: payload.numel()] = payload
+    chunks = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(ctx.world_size)]
+    dist.all_gather(chunks, padded)
+    if not ctx.is_main_process:
+        return None
+    states = []
+    for size, chunk in zip(sizes, chunks, strict=True):
+        raw = bytes(chunk[: int(size.item())].cpu().tolist())
+        # weights_only: the bytes are our own tensors and numbers, never arbitrary objects.
+        states.append(torch.load(io.BytesIO(raw), weights_only=True))
+    return states

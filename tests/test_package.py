@@ -1,0 +1,40 @@
+"""The public surface: every exported name resolves, is documented, and import stays light."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpu_training
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.mark.parametrize("name", [n for n in gpu_training.__all__ if n != "__version__"])
+def test_exported_name_resolves_and_is_documented(name: str) -> None:
+    obj = getattr(gpu_training, name)
+    module = importlib.import_module(obj.__module__)
+    assert name in module.__all__, f"{name} missing from {module.__name__}.__all__"
+    assert inspect.getdoc(obj), f"{name} has no docstring"
+
+
+def test_import_gpu_training_does_not_import_torch() -> None:
+    code = "import sys, gpu_training; assert 'torch' not in sys.modules; print(gpu_training.__version__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(SRC)},
+    )
+    assert out.stdout.strip() == gpu_training.__version__
+
+
+def test_unknown_attribute_raises() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        gpu_training.nope  # noqa: B018
