@@ -49,8 +49,7 @@ format: $(VENV)/.installed
 	$(BIN)/ruff format src tests examples benchmarks
 
 demo: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) \
-		examples/train_ddp.py --epochs 3
+	$(BIN)/gpu-training train configs/ddp_config.yaml --nproc $(NPROC)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

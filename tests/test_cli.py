@@ -59,7 +59,7 @@ def test_help_lists_subcommands() -> None:
     proc = _gt("--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: gpu-training")
-    for name in ("config", "launch-cmd"):
+    for name in ("train", "config", "launch-cmd", "ckpt"):
         assert re.search(rf"^\s+{re.escape(name)}\b", proc.stdout, re.M), proc.stdout
 
 
@@ -110,7 +110,7 @@ def test_subcommand_surface() -> None:
     """Freezes the registered subcommands; each has a runner and a working --help."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"config", "launch-cmd"}
+    assert set(sub.choices) == {"train", "config", "launch-cmd", "ckpt"}
     for name in sub.choices:
         assert callable(getattr(cli, f"_add_{name.replace('-', '_')}_parser"))
 

@@ -144,3 +144,26 @@ def test_bad_files_name_the_file(tmp_path: Path, name: str, text: str, fragment:
 def test_config_module_imports_no_torch() -> None:
     code = "import sys, gpu_training.config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(SRC)})
+
+
+def test_global_batch_defines_the_job_on_any_world_size() -> None:
+    cfg = TrainingConfig(global_batch_size=64, per_device_batch_size=8)
+    for world, accum in ((1, 8), (2, 4), (4, 2), (8, 1)):
+        scaled = cfg.for_world_size(world)
+        assert (scaled.gradient_accumulation_steps, scaled.effective_batch_size) == (accum, 64)
+        assert "WARNING" not in scaled.describe()
+    assert TrainingConfig.from_dict(cfg.for_world_size(4).to_dict()) == cfg.for_world_size(4)
+    # Without a global batch the per-rank recipe is kept and the batch grows with the ranks.
+    recipe = TrainingConfig(per_device_batch_size=8, gradient_accumulation_steps=2)
+    assert recipe.for_world_size(4).effective_batch_size == 64
+
+
+def test_global_batch_that_does_not_split_names_numbers_and_fixes() -> None:
+    cfg = TrainingConfig(global_batch_size=64, per_device_batch_size=8)
+    with pytest.raises(ConfigError) as info:
+        cfg.for_world_size(3)
+    message = str(info.value)
+    assert "global batch 64 does not split into 3 ranks × per-device batch 8" in message
+    assert "use a global batch of 48" in message and info.value.field == "global_batch_size"
+    with pytest.raises(ConfigError, match="contradicts global_batch_size 64"):
+        TrainingConfig(global_batch_size=64, per_device_batch_size=8, gradient_accumulation_steps=3)

@@ -27,6 +27,10 @@ DOCTEST_MODULES = [
     "gpu_training.data",
     "gpu_training.rng",
     "gpu_training.resume",
+    "gpu_training.checkpoint.offline",
+    "gpu_training.job",
+    "gpu_training.reporting",
+    "gpu_training.trainer",
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import subprocess
@@ -38,3 +39,22 @@ def test_import_gpu_training_does_not_import_torch() -> None:
 def test_unknown_attribute_raises() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         gpu_training.nope  # noqa: B018
+
+
+def test_src_never_unpickles_arbitrary_objects() -> None:
+    """Promise 2's other half: no call in src/ loads with weights_only=False or pickle.load."""
+    offenders = []
+    for path in sorted((SRC / "gpu_training").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = ast.unparse(node.func)
+            unsafe_kw = any(
+                kw.arg == "weights_only"
+                and isinstance(kw.value, ast.Constant)
+                and kw.value.value is False
+                for kw in node.keywords
+            )
+            if unsafe_kw or func in {"pickle.load", "pickle.loads", "pickle.Unpickler"}:
+                offenders.append(f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, "\n".join(offenders)

@@ -16,6 +16,8 @@ propagates with its traceback.
 Example:
     $ gpu-training config check configs/ddp.yaml --set world_size=8 --num-samples 1000000
     $ gpu-training launch-cmd --nproc 8 --nnodes 2 --rdzv-endpoint head-node:29500 train.py
+    $ gpu-training ckpt verify checkpoints/        # exit 1 if a file is damaged
+    $ gpu-training ckpt consolidate checkpoints/ model.safetensors
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpu_training import __version__
 
@@ -211,11 +213,252 @@ def _run_launch_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- ckpt -------------------------------------------------------------------------------------
+
+_EXIT_CORRUPT = 1
+
+
+def _add_ckpt_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = subparsers.add_parser(
+        "ckpt",
+        help="inspect, verify or consolidate checkpoints",
+        description=(
+            "Work with checkpoint directories written by CheckpointManager (plain or sharded). "
+            "DIR is a checkpoint root (its newest committed step is used) or one "
+            "step-XXXXXXXX directory. Sharded (DCP) checkpoints are trusted input only."
+        ),
+    )
+    actions = parser.add_subparsers(title="actions", dest="ckpt_action", metavar="ACTION")
+    actions.required = True
+    inspect = actions.add_parser(
+        "inspect",
+        help="print a checkpoint's manifest",
+        description="Print the manifest of DIR's newest checkpoint (or of the step DIR names).",
+    )
+    inspect.add_argument("dir", metavar="DIR", help="checkpoint root or step directory")
+    inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    inspect.set_defaults(_run=_run_ckpt_inspect)
+    verify = actions.add_parser(
+        "verify",
+        help="check sizes and checksums (exit 1 on corruption)",
+        description=(
+            "Check every file of every step directory under DIR (or of the step DIR names) "
+            "against its manifest: presence, size and CRC32. Exit code 1 if any is damaged."
+        ),
+    )
+    verify.add_argument("dir", metavar="DIR", help="checkpoint root or step directory")
+    verify.set_defaults(_run=_run_ckpt_verify)
+    consolidate = actions.add_parser(
+        "consolidate",
+        help="write one .safetensors or .pt file that loads into an unwrapped model",
+        description=(
+            "Verify DIR's newest checkpoint (or the step DIR names), sharded or plain, and "
+            "write its model weights to OUT: .safetensors, or .pt/.pth (torch.save of a plain "
+            "state dict, loadable with weights_only=True). Written atomically."
+        ),
+    )
+    consolidate.add_argument("dir", metavar="DIR", help="checkpoint root or step directory")
+    consolidate.add_argument("out", metavar="OUT", help="output file (.safetensors, .pt, .pth)")
+    consolidate.add_argument(
+        "--include-optimizer",
+        action="store_true",
+        help="also write the optimizer and extra state (.pt only): {model_state, ...}",
+    )
+    consolidate.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    consolidate.set_defaults(_run=_run_ckpt_consolidate)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _run_ckpt_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from gpu_training.checkpoint import CheckpointError, read_manifest, state_format
+
+    try:
+        step_dir, manifest = read_manifest(args.dir)
+    except CheckpointError as err:
+        raise UsageError(f"ckpt inspect: {err}") from None
+    if args.json:
+        print(json.dumps({"path": str(step_dir), "manifest": manifest}, indent=2))
+        return 0
+    kind = state_format(manifest)
+    files = manifest["files"]
+    rows = [
+        ("checkpoint", str(step_dir)),
+        ("step", str(manifest["step"])),
+        ("format", "dcp (sharded, torch.distributed.checkpoint)" if kind == "dcp" else kind),
+        ("world size", str(manifest.get("world_size", "?"))),
+        ("created", str(manifest.get("created", "?"))),
+        ("torch", str(manifest.get("torch_version", "?"))),
+        ("config hash", str(manifest.get("config_hash") or "-")),
+    ]
+    if manifest.get("metadata"):
+        rows.append(("metadata", json.dumps(manifest["metadata"], sort_keys=True)))
+    rows.append(("files", f"{len(files)}, {_size(sum(f['size'] for f in files))}"))
+    lines = [f"{name:<12} {value}" for name, value in rows]
+    width = max(len(f["name"]) for f in files)
+    lines += [f"  {f['name']:<{width}}  {_size(f['size']):>10}  {f['checksum']}" for f in files]
+    print("\n".join(lines))
+    return 0
+
+
+def _run_ckpt_verify(args: argparse.Namespace) -> int:
+    from gpu_training.checkpoint import CheckpointError, verify_checkpoints
+
+    try:
+        results = verify_checkpoints(args.dir)
+    except CheckpointError as err:
+        raise UsageError(f"ckpt verify: {err}") from None
+    lines = []
+    for step_dir, problems in results.items():
+        if problems:
+            lines.append(f"{step_dir.name}  CORRUPT")
+            lines += [f"  {problem}" for problem in problems]
+        else:
+            lines.append(f"{step_dir.name}  OK")
+    bad = sum(1 for problems in results.values() if problems)
+    lines.append(f"{len(results)} checked: {len(results) - bad} OK, {bad} corrupt")
+    print("\n".join(lines))
+    return _EXIT_CORRUPT if bad else 0
+
+
+def _run_ckpt_consolidate(args: argparse.Namespace) -> int:
+    from gpu_training.checkpoint import CheckpointError, consolidate, read_manifest
+
+    try:
+        step_dir, _ = read_manifest(args.dir)
+        out = consolidate(
+            step_dir, args.out, include_optimizer=args.include_optimizer, overwrite=args.force
+        )
+    except (CheckpointError, ValueError) as err:
+        raise UsageError(f"ckpt consolidate: {err}") from None
+    except ImportError as err:
+        raise UsageError(f"ckpt consolidate: {err} (pip install safetensors)") from None
+    print(f"wrote {out} ({_size(out.stat().st_size)}) from {step_dir}")
+    return 0
+
+
 # --- the command ------------------------------------------------------------------------------
 
+# --- train ---------------------------------------------------------------------------------
+
+
+def _add_train_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="run a training job (the built-in example, or your model and data)",
+        description=(
+            "Train the job described by CONFIG (task, training, strategy, checkpoint, run "
+            "sections). With --nproc N > 1 outside torchrun, torchrun is started for you; "
+            "a run resumes from its newest complete checkpoint."
+        ),
+    )
+    parser.add_argument("config", metavar="CONFIG", help="a job file (.yaml or .json)")
+    parser.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="processes on this machine (one per GPU; CPU processes use gloo)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set training.max_steps=100 (repeatable)",
+    )
+    parser.set_defaults(_run=_run_train)
+
+
+def _under_launcher() -> bool:
+    import os
+
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _validate_job(job: Any) -> None:
+    """Catch bad tasks and block classes here, before any process starts or file is written."""
+    import torch
+
+    from gpu_training.strategy import find_blocks
+    from gpu_training.trainer import build_task
+
+    task = build_task(job)
+    if job.strategy.block_classes:
+        with torch.device("meta"):  # no memory: only the module structure is needed
+            model = task.build_model()
+        find_blocks(model, job.strategy.block_classes)
+
+
+def _launch_workers(args: argparse.Namespace) -> int:
+    import os
+    import signal
+    import subprocess
+
+    from gpu_training.launcher import launch_env
+
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={args.nproc}",
+        "--module",
+        "gpu_training",
+        "train",
+        args.config,
+    ]
+    for text in args.overrides:
+        argv += ["--set", text]
+    env = launch_env(os.environ, nproc_per_node=args.nproc)
+    proc = subprocess.Popen(argv, env=env)
+
+    def forward(signum: int, _frame: Any) -> None:
+        proc.send_signal(signum)  # torchrun passes it on to every worker
+
+    previous = {
+        s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    }
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from gpu_training.job import load_job
+
+    job = load_job(args.config, list(args.overrides))
+    if args.nproc > 1 and not _under_launcher():
+        _validate_job(job)
+        return _launch_workers(args)
+    if not _under_launcher():
+        _validate_job(job)
+    from gpu_training.preemption import EXIT_PREEMPTED
+    from gpu_training.trainer import Trainer
+
+    summary = Trainer(job).fit()
+    if summary["preempted"]:
+        return EXIT_PREEMPTED
+    return 0
+
+
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[_Parser]], None], ...] = (
+    _add_train_parser,
     _add_config_parser,
     _add_launch_cmd_parser,
+    _add_ckpt_parser,
 )
 
 
@@ -229,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description=(
             "Take a PyTorch training job from one GPU to many: check configs, build launch "
-            "commands."
+            "commands, inspect and consolidate checkpoints."
         ),
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")

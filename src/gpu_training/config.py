@@ -38,6 +38,8 @@ __all__ = [
     "ConfigError",
     "TrainingConfig",
     "accumulation_plan",
+    "global_batch_plan",
+    "global_batch_split_message",
     "gradient_accumulation_for_target",
     "load_config",
     "parse_override",
@@ -134,10 +136,16 @@ class TrainingConfig:
     """Samples per micro-batch on each rank (what one forward pass sees)."""
 
     gradient_accumulation_steps: int = 1
-    """Micro-batches summed per rank before each optimizer step."""
+    """Micro-batches summed per rank before each optimizer step (derived when
+    ``global_batch_size`` is set)."""
 
     world_size: int = 1
     """Number of ranks (processes / GPUs) in the job."""
+
+    global_batch_size: int | None = None
+    """Samples per optimizer step over all ranks — the job's definition. When set, the
+    accumulation is derived as ``global_batch_size / (per_device_batch_size × world_size)``,
+    so the same config gives the same math on any GPU count (see :meth:`for_world_size`)."""
 
     learning_rate: float = 1e-3
     """Learning rate as tuned at ``base_batch_size``."""
@@ -176,6 +184,20 @@ class TrainingConfig:
         _check_int("per_device_batch_size", self.per_device_batch_size, 1)
         _check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
         _check_int("world_size", self.world_size, 1)
+        _check_optional_int("global_batch_size", self.global_batch_size, 1)
+        if self.global_batch_size is not None:
+            accum = global_batch_plan(
+                self.global_batch_size, self.per_device_batch_size, self.world_size
+            )
+            if self.gradient_accumulation_steps not in (1, accum):
+                raise ConfigError(
+                    f"field 'gradient_accumulation_steps': {self.gradient_accumulation_steps} "
+                    f"contradicts global_batch_size {self.global_batch_size} = "
+                    f"{self.per_device_batch_size} per device x {self.world_size} ranks x "
+                    f"{accum}; leave it out when global_batch_size is set",
+                    "gradient_accumulation_steps",
+                )
+            self.gradient_accumulation_steps = accum
         _check_float("learning_rate", self.learning_rate, minimum=0.0, strict=True)
         _check_optional_int("base_batch_size", self.base_batch_size, 1)
         _check_choice("lr_scaling", self.lr_scaling, LR_SCALING_RULES)
@@ -199,6 +221,19 @@ class TrainingConfig:
                 f"got {self.warmup_steps}",
                 "warmup_steps",
             )
+
+    def for_world_size(self, world_size: int) -> TrainingConfig:
+        """This config on ``world_size`` ranks.
+
+        With ``global_batch_size`` set, the accumulation is re-derived so the effective batch
+        (and the math) stays the same; without it, the per-rank recipe is kept and the
+        effective batch scales with the ranks (and :meth:`describe` says so).
+
+        Raises:
+            ConfigError: If the global batch does not split over ``world_size`` ranks.
+        """
+        accum = 1 if self.global_batch_size is not None else self.gradient_accumulation_steps
+        return dataclasses.replace(self, world_size=world_size, gradient_accumulation_steps=accum)
 
     @property
     def effective_batch_size(self) -> int:
@@ -486,6 +521,81 @@ def gradient_accumulation_for_target(
             stacklevel=2,
         )
     return plan.gradient_accumulation_steps
+
+
+def _steps(count: int) -> str:
+    return f"{count} accumulation step{'s' if count != 1 else ''}"
+
+
+def global_batch_split_message(
+    global_batch_size: int,
+    per_device_batch_size: int,
+    world_size: int,
+    max_global_batch: int | None = None,
+) -> str:
+    """Why a global batch does not split into ``world_size × per_device_batch_size``, and fixes.
+
+    Example:
+        >>> global_batch_split_message(100, 8, 3)[:60]
+        'global batch 100 does not split into 3 ranks × per-device ba'
+    """
+    g, b, w = global_batch_size, per_device_batch_size, world_size
+    per_micro = w * b
+    ranks = f"{w} rank{'s' if w != 1 else ''}"
+    head = (
+        f"global batch {g} does not split into {ranks} × per-device batch {b} "
+        f"(= {per_micro} samples per micro-step; {g} / {per_micro} = {g / per_micro:.4g} "
+        "accumulation steps)"
+    )
+    lower = g // per_micro * per_micro
+    multiples = [m for m in (lower, lower + per_micro) if m > 0]
+    if max_global_batch is not None:
+        multiples = [m for m in multiples if m <= max_global_batch]
+    fixes = []
+    if multiples:
+        fixes.append(
+            "a global batch of " + " or ".join(f"{m} ({_steps(m // per_micro)})" for m in multiples)
+        )
+    smaller = [d for d in range(b, 0, -1) if g % (w * d) == 0][:2]
+    if smaller:
+        fixes.append(
+            "a per-device batch of " + " or ".join(f"{d} ({_steps(g // (w * d))})" for d in smaller)
+        )
+    if not multiples and not smaller:
+        # Nothing with this per-device batch fits the dataset: offer multiples of the ranks.
+        lower_w = g // w * w
+        limit = lower_w + w if max_global_batch is None else max_global_batch
+        for m in [m for m in (lower_w, lower_w + w) if 0 < m <= limit]:
+            d = next(d for d in range(min(b, m // w), 0, -1) if m % (w * d) == 0)
+            fixes.append(f"a global batch of {m} (per-device batch {d}, {_steps(m // (w * d))})")
+    message = f"{head}: use {', or '.join(fixes)}" if fixes else head
+    if not smaller:
+        message += f"; no per-device batch works on {ranks} ({g} is not a multiple of {w})"
+    if not fixes:
+        message += f"; {max_global_batch} samples are too few for {ranks}"
+    return message
+
+
+def global_batch_plan(global_batch_size: int, per_device_batch_size: int, world_size: int) -> int:
+    """Accumulation steps ``A`` so that ``world_size × per_device_batch_size × A`` is exactly G.
+
+    Example:
+        >>> global_batch_plan(64, per_device_batch_size=8, world_size=2)
+        4
+
+    Raises:
+        ConfigError: If an argument is not a positive integer or the split is not exact (the
+            message names the numbers and suggests batches that fit).
+    """
+    _check_int("global_batch_size", global_batch_size, 1)
+    _check_int("per_device_batch_size", per_device_batch_size, 1)
+    _check_int("world_size", world_size, 1)
+    if global_batch_size % (per_device_batch_size * world_size):
+        raise ConfigError(
+            global_batch_split_message(global_batch_size, per_device_batch_size, world_size),
+            "global_batch_size",
+        )
+    return global_batch_size // (per_device_batch_size * world_size)
 
 
 def scale_lr(base_lr: float, base_batch: int, new_batch: int, rule: str = "linear") -> float:

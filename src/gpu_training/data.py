@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from gpu_training.config import ConfigError, global_batch_split_message
 from gpu_training.ddp import DistributedContext
 
 __all__ = ["GlobalBatchSampler", "SamplerConfigError", "global_batch_plan"]
@@ -62,7 +63,7 @@ __all__ = ["GlobalBatchSampler", "SamplerConfigError", "global_batch_plan"]
 _MASK64 = (1 << 64) - 1
 
 
-class SamplerConfigError(ValueError):
+class SamplerConfigError(ConfigError):
     """The global batch, per-device batch, world size or dataset size do not fit together.
 
     The message is one line naming the numbers and what would fit.
@@ -76,10 +77,6 @@ def _check_positive(name: str, value: object) -> int:
     return value
 
 
-def _steps(count: int) -> str:
-    return f"{count} accumulation step{'s' if count != 1 else ''}"
-
-
 def _split_error(
     global_batch_size: int,
     per_device_batch_size: int,
@@ -87,56 +84,21 @@ def _split_error(
     max_global_batch: int | None = None,
 ) -> SamplerConfigError:
     """The error for a global batch that ``world_size × per_device_batch_size`` does not divide."""
-    g, b, w = global_batch_size, per_device_batch_size, world_size
-    per_micro = w * b
-    ranks = f"{w} rank{'s' if w != 1 else ''}"
-    head = (
-        f"global batch {g} does not split into {ranks} × per-device batch {b} "
-        f"(= {per_micro} samples per micro-step; {g} / {per_micro} = {g / per_micro:.4g} "
-        "accumulation steps)"
+    return SamplerConfigError(
+        global_batch_split_message(
+            global_batch_size, per_device_batch_size, world_size, max_global_batch
+        ),
+        "global_batch_size",
     )
-    lower = g // per_micro * per_micro
-    multiples = [m for m in (lower, lower + per_micro) if m > 0]
-    if max_global_batch is not None:
-        multiples = [m for m in multiples if m <= max_global_batch]
-    fixes = []
-    if multiples:
-        fixes.append(
-            "a global batch of " + " or ".join(f"{m} ({_steps(m // per_micro)})" for m in multiples)
-        )
-    smaller = [d for d in range(b, 0, -1) if g % (w * d) == 0][:2]
-    if smaller:
-        fixes.append(
-            "a per-device batch of " + " or ".join(f"{d} ({_steps(g // (w * d))})" for d in smaller)
-        )
-    if not multiples and not smaller:
-        # Nothing with this per-device batch fits the dataset: offer multiples of the ranks.
-        lower_w = g // w * w
-        limit = lower_w + w if max_global_batch is None else max_global_batch
-        for m in [m for m in (lower_w, lower_w + w) if 0 < m <= limit]:
-            d = next(d for d in range(min(b, m // w), 0, -1) if m % (w * d) == 0)
-            fixes.append(f"a global batch of {m} (per-device batch {d}, {_steps(m // (w * d))})")
-    message = f"{head}: use {', or '.join(fixes)}" if fixes else head
-    if not smaller:
-        message += f"; no per-device batch works on {ranks} ({g} is not a multiple of {w})"
-    if not fixes:
-        message += f"; {max_global_batch} samples are too few for {ranks}"
-    return SamplerConfigError(message)
 
 
 def global_batch_plan(global_batch_size: int, per_device_batch_size: int, world_size: int) -> int:
     """Accumulation steps ``A`` so that ``world_size × per_device_batch_size × A`` is exactly G.
 
-    Unlike :func:`gpu_training.config.gradient_accumulation_for_target`, which rounds up, this
-    insists on an exact split: the global batch is the job's definition.
-
-    Args:
-        global_batch_size: Samples per optimizer step, over all ranks.
-        per_device_batch_size: Samples per forward pass on one rank.
-        world_size: Number of ranks.
-
-    Returns:
-        The number of accumulation micro-steps per optimizer step.
+    The sampler-side twin of :func:`gpu_training.config.global_batch_plan` (same arithmetic,
+    raising :class:`SamplerConfigError`). Unlike
+    :func:`gpu_training.config.gradient_accumulation_for_target`, which rounds up, this insists
+    on an exact split: the global batch is the job's definition.
 
     Raises:
         SamplerConfigError: If an argument is not a positive integer, or the global batch does
@@ -172,48 +134,48 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 class GlobalBatchSampler(Sampler[list[int]]):
     """Yields this rank's micro-batches of a world-size-invariant sequence of global batches.
 
-    Per epoch: a permutation of ``range(num_samples)`` from a private ``torch.Generator``
-    seeded with ``(seed, epoch)`` (the global RNG is never touched), cut into
-    ``steps_per_epoch`` global batches of ``global_batch_size``; for each, this rank yields
-    ``gradient_accumulation_steps`` lists of ``per_device_batch_size`` indices.
+        Per epoch: a permutation of ``range(num_samples)`` from a private ``torch.Generator``
+        seeded with ``(seed, epoch)`` (the global RNG is never touched), cut into
+        ``steps_per_epoch`` global batches of ``global_batch_size``; for each, this rank yields
+        ``gradient_accumulation_steps`` lists of ``per_device_batch_size`` indices.
 
-    Iteration rules (like :class:`~torch.utils.data.DistributedSampler`, the epoch only
-    changes through :meth:`set_epoch`):
+        Iteration rules (like :class:`~torch.utils.data.DistributedSampler`, the epoch only
+        changes through :meth:`set_epoch`):
 
-    * ``__iter__`` starts at :attr:`position`: after :meth:`load_state_dict` or
-      :meth:`set_position` at the restored step, after an abandoned iteration at the first
-      global step this rank did not finish.
-    * Once an iteration has run through the whole epoch, the next ``__iter__`` without
-      :meth:`set_epoch` replays the same epoch from step 0 (same order: call ``set_epoch``).
-      A *restored* position at the end of the epoch yields nothing, so resuming from a
-      checkpoint taken after the epoch's last step does not repeat the epoch.
-    * Use one iterator at a time; starting a new one detaches the old one from
-      :attr:`position`.
+        * ``__iter__`` starts at :attr:`position`: after :meth:`load_state_dict` or
+          :meth:`set_position` at the restored step, after an abandoned iteration at the first
+          global step this rank did not finish.
+        * Once an iteration has run through the whole epoch, the next ``__iter__`` without
+          :meth:`set_epoch` replays the same epoch from step 0 (same order: call ``set_epoch``).
+          A *restored* position at the end of the epoch yields nothing, so resuming from a
+          checkpoint taken after the epoch's last step does not repeat the epoch.
+        * Use one iterator at a time; starting a new one detaches the old one from
+          :attr:`position`.
 
-    Args:
-        num_samples: Size of the dataset.
-        global_batch_size: Samples per optimizer step over all ranks (``G``).
-        per_device_batch_size: Samples per micro-batch on one rank (``B``).
-        ctx: This process's rank and world size (default: ``DistributedContext.from_env()``).
-        seed: Seed of the per-epoch permutations; the same on every rank.
-        shuffle: Permute each epoch; False keeps dataset order (still cut into global batches).
+        Args:
+            num_samples: Size of the dataset.
+            global_batch_size: Samples per optimizer step over all ranks (``G``).
+            per_device_batch_size: Samples per micro-batch on one rank (``B``).
+            ctx: This process's rank and world size (default: ``DistributedContext.from_env()``).
+            seed: Seed of the per-epoch permutations; the same on every rank.
+            shuffle: Permute each epoch; False keeps dataset order (still cut into global batches).
 
-    Raises:
-        SamplerConfigError: If a size is not a positive integer, ``G > num_samples``, or ``G``
-            is not a multiple of ``world_size × B`` (the message says what would fit).
+        Raises:
+            SamplerConfigError: If a size is not a positive integer, ``G > num_samples``, or ``G``
+                is not a multiple of ``world_size × B`` (the message says what would fit).
 
-    Example:
-        >>> from gpu_training.ddp import DistributedContext
-        >>> sampler = GlobalBatchSampler(20, 8, 4, DistributedContext(), seed=1)
-        >>> batches = iter(sampler)
-        >>> first_step = [next(batches), next(batches)]  # A = 2 micro-batches of 4
-        >>> sampler.position, len(sampler)
-        (1, 2)
-        >>> state = sampler.state_dict()
-        >>> resumed = GlobalBatchSampler(20, 8, 8, DistributedContext(), seed=1)  # A = 1
-        >>> resumed.load_state_dict(state)
-        >>> sorted(next(iter(resumed))) == sorted(next(batches) + next(batches))
-        True
+        Example:
+            >>> from gpu_training.ddp import DistributedContext
+            >>> sampler = GlobalBatchSampler(20, 8, 4, DistributedContext(), seed=1)
+            >>> batches = iter(sampler)
+            >>> first_step = [next(batches), next(batches)]  # A = 2 micro-batches of 4
+            >>> sampler.position, len(sampler)
+            (1, 2)
+            >>> state = sampler.state_dict()
+            >>> resumed = GlobalBatchSampler(20, 8, 8, DistributedContext(), seed=1)  # A = 1
+            >>> resumed.load_state_dict(state)
+            >>> sorted(next(iter(resumed))) == sorted(next(batches) + next(batches))
+            True
     """
 
     def __init__(

@@ -4,10 +4,12 @@
   checkpoints written by rank 0, atomically, with a manifest, checksums and pruning;
   optionally asynchronous (``save(..., async_save=True)``, :func:`snapshot_state`).
 - :mod:`~gpu_training.checkpoint.sharded` — sharded (FSDP2) checkpoints through
-  ``torch.distributed.checkpoint`` (``CheckpointManager.save_sharded`` / ``load_sharded``, any
-  world size), :func:`consolidate` into one ``.safetensors`` / ``.pt`` file, and read-only
-  :func:`find_checkpoint` / :func:`read_manifest` / :func:`verify_checkpoints`. Imported on
-  first use (DCP costs ~1 s of import time). Sharded checkpoints are trusted input only.
+  ``torch.distributed.checkpoint``: ``CheckpointManager.save_sharded`` / ``load_sharded``, same
+  layout and guarantees, loadable on any world size. Imported on first use (DCP costs ~1 s of
+  import time). Sharded checkpoints are trusted input only.
+- :mod:`~gpu_training.checkpoint.offline` — read-only :func:`find_checkpoint`,
+  :func:`read_manifest`, :func:`verify_checkpoints` for any checkpoint directory, and
+  :func:`consolidate` into one ``.safetensors`` / ``.pt`` file for an unwrapped model.
 
 Everything public is re-exported here, so ``from gpu_training.checkpoint import
 CheckpointManager`` is the import to use.
@@ -15,11 +17,11 @@ CheckpointManager`` is the import to use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from gpu_training.checkpoint.manager import (
+    EXTRA_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    SHARDED_FORMAT,
     STATE_NAME,
     WRAPPER_PREFIXES,
     CheckpointError,
@@ -27,30 +29,14 @@ from gpu_training.checkpoint.manager import (
     snapshot_state,
     strip_wrapper_prefixes,
 )
-
-if TYPE_CHECKING:
-    from gpu_training.checkpoint.sharded import (
-        CONSOLIDATED_SUFFIXES,
-        EXTRA_NAME,
-        SHARDED_FORMAT,
-        consolidate,
-        find_checkpoint,
-        read_manifest,
-        state_format,
-        verify_checkpoints,
-    )
-
-_SHARDED = frozenset(
-    {
-        "CONSOLIDATED_SUFFIXES",
-        "EXTRA_NAME",
-        "SHARDED_FORMAT",
-        "consolidate",
-        "find_checkpoint",
-        "read_manifest",
-        "state_format",
-        "verify_checkpoints",
-    }
+from gpu_training.checkpoint.offline import (
+    CONSOLIDATED_SUFFIXES,
+    consolidate,
+    find_checkpoint,
+    load_plain,
+    read_manifest,
+    state_format,
+    verify_checkpoints,
 )
 
 __all__ = [
@@ -65,18 +51,10 @@ __all__ = [
     "CheckpointManager",
     "consolidate",
     "find_checkpoint",
+    "load_plain",
     "read_manifest",
     "snapshot_state",
     "state_format",
     "strip_wrapper_prefixes",
     "verify_checkpoints",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # sharded.py imports torch.distributed.checkpoint: only pay for it when it is used
-    if name in _SHARDED:
-        from gpu_training.checkpoint import sharded
-
-        return getattr(sharded, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

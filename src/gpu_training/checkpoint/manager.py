@@ -77,6 +77,10 @@ FORMAT_VERSION = 1
 """Version of the directory layout and manifest; bumped on incompatible changes."""
 MANIFEST_NAME = "manifest.json"
 STATE_NAME = "state.pt"
+SHARDED_FORMAT = "dcp"
+"""``manifest["state_format"]`` of a sharded (DCP) checkpoint (checkpoint/sharded.py)."""
+EXTRA_NAME = "extra.pt"
+"""The file of a sharded checkpoint holding its ``extra`` state (rank 0's copy)."""
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
 """Key prefixes added by DDP/DataParallel/FSDP1/DeepSpeed, ``torch.compile`` and Fabric."""
 
@@ -393,58 +397,99 @@ def _status_device() -> torch.device:
 # asynchronous saves: a private CPU snapshot, written by a background thread
 
 _IMMUTABLE = (str, bytes, int, float, complex, type(None), torch.dtype, torch.device, torch.Size)
-_StorageKey = tuple[int, int, str]
 
 
-def _copy_tensor(
-    t: torch.Tensor, storages: dict[_StorageKey, torch.UntypedStorage], devices: set[torch.device]
-) -> torch.Tensor:
-    """A CPU copy of ``t``; tensors sharing a storage get copies sharing one copied storage."""
-    t = t.detach()
-    if (
-        type(t) is not torch.Tensor
-        or t.layout != torch.strided
-        or t.is_quantized
-        or t.is_conj()
-        or t.is_neg()
-        or t.device.type not in ("cpu", "cuda")
-    ):
-        return t.to("cpu", copy=True)  # subclasses, sparse, quantized...: a plain copy
-    source = t.untyped_storage()
-    key = (source.data_ptr(), source.nbytes(), str(t.device))
-    copied = storages.get(key)
-    if copied is None:
-        cuda = t.device.type == "cuda"
-        whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(source)
-        # pinned host memory: the device-to-host copy is one DMA that needs no staging buffer
-        buffer = torch.empty(source.nbytes(), dtype=torch.uint8, pin_memory=cuda)
-        buffer.copy_(whole, non_blocking=cuda)
-        if cuda:
-            devices.add(t.device)
-        copied = storages[key] = buffer.untyped_storage()
-    # whole storages, as torch.save writes them: tied weights stay tied, the bytes are the same
-    return torch.empty(0, dtype=t.dtype).set_(copied, t.storage_offset(), t.shape, t.stride())
+_Buffers = dict[tuple[int, bool], list[torch.UntypedStorage]]  # (bytes, pinned) -> storages
 
 
-def _copy_tree(
-    obj: Any, storages: dict[_StorageKey, torch.UntypedStorage], devices: set[torch.device]
-) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return _copy_tensor(obj, storages, devices)
-    if isinstance(obj, _IMMUTABLE):
-        return obj
-    if isinstance(obj, Mapping):
-        items = [(k, _copy_tree(v, storages, devices)) for k, v in obj.items()]
-        if not isinstance(obj, OrderedDict):
-            return dict(items)  # as strip_wrapper_prefixes would make it
-        out: OrderedDict[Any, Any] = OrderedDict(items)
-        meta = getattr(obj, "_metadata", None)
-        if meta is not None:  # module versions, read by load_state_dict
-            out._metadata = copy.deepcopy(meta)  # type: ignore[attr-defined]
+class _Snapshot:
+    """Copies one state, remembering the tensors and storages already copied.
+
+    Args:
+        spares: Host buffers of an earlier snapshot that nothing uses any more: refilling
+            them skips the page faults of fresh memory (on a 2-core VM, first-touching 41 MB
+            took 58 ms against 23 ms for a second write to the same pages).
+    """
+
+    def __init__(self, spares: _Buffers | None = None) -> None:
+        self.spares = spares if spares is not None else {}
+        self.buffers: _Buffers = {}  # the host buffers this snapshot copied into
+        self.tensors: dict[int, torch.Tensor] = {}  # id(original) -> copy: one object stays one
+        self.storages: dict[tuple[int, int, str], torch.UntypedStorage] = {}
+        self.devices: set[torch.device] = set()  # GPUs with copies in flight
+
+    def run(self, state: Any) -> Any:
+        """The copy of ``state``, once every device-to-host copy has landed."""
+        out = self.tree(state)
+        for device in self.devices:  # the copies were queued without blocking
+            torch.cuda.synchronize(device)
         return out
-    if type(obj) in (list, tuple):
-        return type(obj)(_copy_tree(v, storages, devices) for v in obj)
-    return copy.deepcopy(obj)
+
+    def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        spares = self.spares.get((nbytes, pinned))
+        if spares:
+            storage = spares.pop()
+        else:
+            storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+        self.buffers.setdefault((nbytes, pinned), []).append(storage)
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    def tree(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            done = self.tensors.get(id(obj))
+            if done is None:
+                done = self.tensors[id(obj)] = self.tensor(obj)
+            return done
+        if isinstance(obj, _IMMUTABLE):
+            return obj
+        if isinstance(obj, Mapping):
+            items = [(k, self.tree(v)) for k, v in obj.items()]
+            if not isinstance(obj, OrderedDict):
+                return dict(items)  # as strip_wrapper_prefixes would make it
+            out: OrderedDict[Any, Any] = OrderedDict(items)
+            meta = getattr(obj, "_metadata", None)
+            if meta is not None:  # module versions, read by load_state_dict
+                out._metadata = copy.deepcopy(meta)  # type: ignore[attr-defined]
+            return out
+        if type(obj) in (list, tuple):
+            return type(obj)(self.tree(v) for v in obj)
+        return copy.deepcopy(obj)
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """A CPU copy of ``t``; tensors sharing a storage get copies sharing one storage."""
+        if type(t) is torch.nn.Parameter:  # torch.save records a Parameter as one: so do we
+            return torch.nn.Parameter(self.tensor(t.detach()), t.requires_grad)
+        requires_grad = t.requires_grad  # torch.save records the flag too
+        t = t.detach()
+        if (
+            type(t) is not torch.Tensor
+            or t.layout != torch.strided
+            or t.is_quantized
+            or t.is_conj()
+            or t.is_neg()
+            or t.device.type not in ("cpu", "cuda")
+        ):
+            # subclasses, sparse, quantized...: a plain copy
+            return t.to("cpu", copy=True).requires_grad_(requires_grad)
+        source = t.untyped_storage()
+        key = (source.data_ptr(), source.nbytes(), str(t.device))
+        copied = self.storages.get(key)
+        if copied is None:
+            cuda = t.device.type == "cuda"
+            # pinned host memory: the device-to-host copy is one DMA, no staging buffer
+            buffer = self._buffer(source.nbytes(), pinned=cuda)
+            if cuda:
+                whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(source)
+                buffer.copy_(whole, non_blocking=True)
+                self.devices.add(t.device)
+            elif source.nbytes():
+                # one memcpy, GIL released: copy_ splits over OpenMP threads, whose barrier spins
+                # when ranks x threads exceed the cores (41 MB: 90 ms instead of 14 ms, 2 cores)
+                ctypes.memmove(buffer.data_ptr(), source.data_ptr(), source.nbytes())
+            copied = self.storages[key] = buffer.untyped_storage()
+        # whole storages, as torch.save writes them: tied weights stay tied, same bytes
+        out = torch.empty(0, dtype=t.dtype).set_(copied, t.storage_offset(), t.shape, t.stride())
+        return out.requires_grad_(requires_grad)
 
 
 def snapshot_state(state: Any) -> Any:
@@ -468,12 +513,7 @@ def snapshot_state(state: Any) -> Any:
         >>> snap["w"].tolist()
         [0.0, 0.0]
     """
-    storages: dict[_StorageKey, torch.UntypedStorage] = {}
-    devices: set[torch.device] = set()
-    out = _copy_tree(state, storages, devices)
-    for device in devices:  # the copies were queued without blocking: wait for them to land
-        torch.cuda.synchronize(device)
-    return out
+    return _Snapshot().run(state)
 
 
 @dataclass(eq=False)
@@ -487,10 +527,20 @@ class _SaveOutcome:
     thread: threading.Thread | None = None
 
 
-def _settle_at_exit(ref: weakref.ReferenceType[CheckpointManager]) -> None:
-    manager = ref()
-    if manager is not None:
+_WITH_PENDING_SAVES: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def _settle_all_at_exit() -> None:
+    for manager in list(_WITH_PENDING_SAVES):
         manager._settle_locally()
+
+
+@functools.cache
+def _install_exit_hook() -> None:
+    # threading's exit hooks run before concurrent.futures stops taking work, which the writer
+    # needs; plain atexit hooks run after that, too late to let a pending save finish
+    register = getattr(threading, "_register_atexit", atexit.register)
+    register(_settle_all_at_exit)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -551,7 +601,7 @@ class CheckpointManager:
         self.keep_last_n = keep_last_n
         self.config_hash = config_hash
         self._pending: _SaveOutcome | None = None
-        self._exit_hook: Callable[[], None] | None = None
+        self._staging: _Buffers = {}  # host buffers of the last async snapshot, for the next
         if self.ctx.is_main_process:
             self.clean_stale()
 
@@ -763,7 +813,9 @@ class CheckpointManager:
         save does. The other ranks return at once: no rank waits for the write until the
         next :meth:`save`, :meth:`wait` or :meth:`close`, where the outcome is shared and a
         failure is raised on every rank. Until then :meth:`latest` and :meth:`load` do not see
-        the new checkpoint.
+        the new checkpoint. The manager keeps the host copy's buffers and refills them at the
+        next asynchronous save (fresh pages cost more than the copy): one state's worth of
+        host memory (pinned when the state is on GPUs), until :meth:`close`.
 
         Args:
             state: What to save: tensors, numbers, strings and (nested) lists/dicts of them.
@@ -823,7 +875,8 @@ class CheckpointManager:
     def close(self) -> None:
         """Waits for a pending asynchronous save (like :meth:`wait`, on every rank).
 
-        Safe to call more than once; the manager can still save afterwards.
+        Also frees the host buffers kept for the next asynchronous save. Safe to call more
+        than once; the manager can still save afterwards.
 
         Raises:
             CheckpointError: On every rank if the pending save failed.
@@ -831,9 +884,8 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
-            if self._exit_hook is not None:
-                atexit.unregister(self._exit_hook)
-                self._exit_hook = None
+            _WITH_PENDING_SAVES.discard(self)
+            self._staging = {}
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -852,9 +904,7 @@ class CheckpointManager:
     def _settle_locally(self) -> None:
         """Joins the writer without a collective; a failure becomes a warning, not an error."""
         outcome, self._pending = self._pending, None
-        if self._exit_hook is not None:
-            atexit.unregister(self._exit_hook)
-            self._exit_hook = None
+        _WITH_PENDING_SAVES.discard(self)
         if outcome is None:
             return
         if outcome.thread is not None:
@@ -874,7 +924,9 @@ class CheckpointManager:
             self._pending = outcome
             return None
         try:
-            snapshot = snapshot_state(state)
+            copier = _Snapshot(spares=self._staging)
+            snapshot = copier.run(state)
+            self._staging = copier.buffers  # free again once this save is written
             extras = None if metadata is None else snapshot_state(dict(metadata))
         except Exception as exc:  # reported like a failed write, on every rank, at wait()
             outcome.failure = self._save_error(outcome.step, exc)
@@ -889,10 +941,9 @@ class CheckpointManager:
                 target=self._write_and_prune,
                 args=(snapshot, extras, outcome),
                 name=f"checkpoint-step-{outcome.step}",
-            )  # not a daemon: the interpreter finishes the write before it exits
-            if self._exit_hook is None:
-                self._exit_hook = functools.partial(_settle_at_exit, weakref.ref(self))
-                atexit.register(self._exit_hook)
+            )
+            _install_exit_hook()  # at interpreter exit: finish the write, print a failure
+            _WITH_PENDING_SAVES.add(self)
             outcome.thread.start()
         self._pending = outcome
         return self.directory / _step_name(outcome.step)

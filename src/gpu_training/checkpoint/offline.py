@@ -1,0 +1,329 @@
+"""Checkpoint directories offline: find, inspect, verify and consolidate, without a manager.
+
+For use outside a training job (no process group, no model). Everything here is read-only on
+the checkpoint directory — unlike
+:meth:`CheckpointManager.latest`, nothing is cleaned up — and works on plain
+(``state.pt``) and sharded (DCP, :mod:`~gpu_training.checkpoint.sharded`) checkpoints alike.
+It backs ``gpu-training ckpt inspect / verify / consolidate``:
+
+- :func:`find_checkpoint`, :func:`read_manifest`: a step directory, or a root's newest
+  committed one, and its manifest;
+- :func:`verify_checkpoints`: sizes and CRC32 checksums of one step or every step;
+- :func:`consolidate`: one ``.safetensors`` or ``.pt`` file with unwrapped keys, loadable into
+  a plain model, written atomically.
+
+``torch.distributed.checkpoint`` is imported only to consolidate a sharded checkpoint.
+Sharded checkpoints are trusted input only: DCP's ``.metadata`` is a pickle (read here with an
+allowlisting unpickler, but DCP's format was not designed for hostile input).
+
+Example:
+    >>> import tempfile, torch
+    >>> from gpu_training.checkpoint import CheckpointManager
+    >>> from gpu_training.ddp import DistributedContext
+    >>> root = Path(tempfile.mkdtemp())
+    >>> model = torch.nn.Linear(2, 1)
+    >>> ckpt = CheckpointManager(root, ctx=DistributedContext())
+    >>> _ = ckpt.save({"model_state": model.state_dict(), "epoch": 1}, step=3)
+    >>> step_dir, manifest = read_manifest(root)  # the newest committed step
+    >>> step_dir.name, manifest["step"], state_format(manifest)
+    ('step-00000003', 3, 'torch')
+    >>> verify_checkpoints(root)  # step dir -> problems
+    {PosixPath('.../step-00000003'): []}
+    >>> out = consolidate(root, root / "model.pt")  # the model weights, nothing else
+    >>> sorted(torch.load(out, weights_only=True))
+    ['bias', 'weight']
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, cast
+
+import torch
+
+from gpu_training.checkpoint.manager import (
+    _STEP_RE,
+    EXTRA_NAME,
+    MANIFEST_NAME,
+    SHARDED_FORMAT,
+    STATE_NAME,
+    CheckpointError,
+    _fsync_dir,
+    _inspect,
+    _step_name,
+    strip_wrapper_prefixes,
+)
+
+__all__ = [
+    "CONSOLIDATED_SUFFIXES",
+    "consolidate",
+    "find_checkpoint",
+    "load_plain",
+    "read_manifest",
+    "state_format",
+    "verify_checkpoints",
+]
+
+CONSOLIDATED_SUFFIXES = (".safetensors", ".pt", ".pth")
+"""Output file types :func:`consolidate` writes."""
+
+
+def state_format(manifest: Mapping[str, Any]) -> str:
+    """``"dcp"`` for a sharded checkpoint, ``"torch"`` for a plain one.
+
+    Args:
+        manifest: A checkpoint's parsed ``manifest.json``.
+
+    Returns:
+        The format of the state files the manifest lists.
+    """
+    return str(manifest.get("state_format", "torch"))
+
+
+def load_plain(file: Path) -> dict[str, Any]:
+    """``torch.load(file, weights_only=True)``, which must hold a dict.
+
+    Args:
+        file: A ``state.pt`` or ``extra.pt``.
+
+    Returns:
+        The dict it holds, tensors on the CPU.
+
+    Raises:
+        CheckpointError: If the file cannot be read, holds objects outside torch's
+            ``weights_only`` allowlist (nothing is executed), or does not hold a dict.
+    """
+    try:
+        value = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"could not load {file}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file} holds a {type(value).__name__}, expected a dict")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# finding and checking checkpoints (read-only: nothing is cleaned up)
+
+
+def _is_step_dir(path: Path) -> bool:
+    return _STEP_RE.fullmatch(path.name) is not None or (path / MANIFEST_NAME).exists()
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    with os.scandir(root) as entries:
+        found = [
+            (int(m.group(1)), Path(e.path))
+            for e in entries
+            if (m := _STEP_RE.fullmatch(e.name))
+            and e.name == _step_name(int(m.group(1)))
+            and e.is_dir(follow_symlinks=False)
+        ]
+    return [p for _, p in sorted(found)]
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """The step directory ``path`` names, or the newest committed one under a root directory.
+
+    Read-only, unlike :meth:`CheckpointManager.latest`: stale ``.tmp-*`` directories are left.
+
+    Args:
+        path: A ``step-XXXXXXXX`` directory (or any directory with a ``manifest.json``), or a
+            checkpoint root holding such directories.
+
+    Returns:
+        The step directory (for a root: the newest whose manifest and file sizes check out).
+
+    Raises:
+        CheckpointError: If ``path`` is not a directory or a root holds no committed checkpoint.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    if _is_step_dir(path):
+        return path
+    steps = _step_dirs(path)
+    for step_dir in reversed(steps):
+        if not _inspect(step_dir, checksums=False)[1]:
+            return step_dir
+    if not steps:
+        raise CheckpointError(f"{path}: no checkpoint (no step-XXXXXXXX directory)")
+    raise CheckpointError(f"{path}: none of its {len(steps)} step directories is committed")
+
+
+def read_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """The manifest of a checkpoint (a step directory, or the newest under a root).
+
+    Files are size-checked, not hashed; use :func:`verify_checkpoints` for checksums.
+
+    Args:
+        path: A step directory or a checkpoint root.
+
+    Returns:
+        The step directory and its parsed manifest.
+
+    Raises:
+        CheckpointError: If there is no such checkpoint or it is uncommitted or damaged.
+    """
+    step_dir = find_checkpoint(path)
+    manifest, problems = _inspect(step_dir, checksums=False)
+    if manifest is None or problems:
+        raise CheckpointError(f"invalid checkpoint {step_dir}: " + "; ".join(problems))
+    return step_dir, manifest
+
+
+def verify_checkpoints(path: str | os.PathLike[str]) -> dict[Path, list[str]]:
+    """Checks sizes and CRC32 checksums against the manifest, for one step or every step.
+
+    Args:
+        path: A step directory (checks it) or a checkpoint root (checks every
+            ``step-XXXXXXXX`` directory in it, committed or not).
+
+    Returns:
+        Step directory → its problems (empty when intact), by ascending step.
+
+    Raises:
+        CheckpointError: If ``path`` is not a directory or a root holds no step directory.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    steps = [path] if _is_step_dir(path) else _step_dirs(path)
+    if not steps:
+        raise CheckpointError(f"{path}: no checkpoint (no step-XXXXXXXX directory)")
+    return {step_dir: _inspect(step_dir, checksums=True)[1] for step_dir in steps}
+
+
+# ----------------------------------------------------------------------------------------------
+# consolidation
+
+
+def _full_state(step_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"model_state", "optimizer_state"?, "extra"?}`` from a sharded or plain checkpoint."""
+    if state_format(manifest) == SHARDED_FORMAT:
+        from gpu_training.checkpoint.sharded import load_everything  # imports DCP: ~1 s
+
+        loaded = load_everything(step_dir)
+        out: dict[str, Any] = {"model_state": loaded.get("model")}
+        if "optim" in loaded:
+            out["optimizer_state"] = loaded["optim"]
+        if (step_dir / EXTRA_NAME).exists():
+            out["extra"] = load_plain(step_dir / EXTRA_NAME)
+    else:
+        state = load_plain(step_dir / STATE_NAME)
+        out = {k: state[k] for k in ("model_state", "optimizer_state") if k in state}
+        extra = {k: v for k, v in state.items() if k not in out}
+        if extra:
+            out["extra"] = extra
+    if not isinstance(out.get("model_state"), Mapping):
+        raise CheckpointError(f"{step_dir} holds no model state ('model_state')")
+    out["model_state"] = strip_wrapper_prefixes(out["model_state"])
+    return out
+
+
+def _safetensors_dict(model_state: Mapping[str, Any], step_dir: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[tuple[int, int]] = set()
+    for key, value in model_state.items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(
+                f"{step_dir}: model state {key!r} is a {type(value).__name__}; safetensors "
+                "holds tensors only (write a .pt file instead)"
+            )
+        tensor = value.detach().cpu().contiguous()
+        where = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        if where in storages:  # safetensors refuses shared memory (tied weights): copy
+            tensor = tensor.clone()
+        storages.add((tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()))
+        tensors[key] = tensor
+    return tensors
+
+
+def _check_output(out: Path, overwrite: bool, include_optimizer: bool) -> None:
+    if out.suffix not in CONSOLIDATED_SUFFIXES:
+        raise ValueError(
+            f"{out}: unknown output type {out.suffix or '(none)'!r}; expected one of "
+            + ", ".join(CONSOLIDATED_SUFFIXES)
+        )
+    if include_optimizer and out.suffix == ".safetensors":
+        raise ValueError(f"{out}: safetensors holds model weights only; write a .pt file")
+    if out.is_dir():
+        raise CheckpointError(f"{out} is a directory")
+    if out.exists() and not overwrite:
+        raise CheckpointError(f"{out} exists; pass overwrite=True (--force) to replace it")
+    parent = out.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write {out}: {parent} is not a writable directory")
+
+
+def consolidate(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    include_optimizer: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """Turns a checkpoint (sharded or plain) into one file that loads into an unwrapped model.
+
+    Runs in one process, without a process group, and needs the whole model in CPU memory.
+    The checkpoint is verified against its manifest (sizes and checksums) first. Keys carry no
+    wrapper prefixes, so ``model.load_state_dict(...)`` works on the plain model:
+
+    - ``.safetensors``: the model weights (``safetensors.torch.load_file``), metadata
+      ``{"format": "pt", "step": ...}``. Needs the ``safetensors`` package.
+    - ``.pt`` / ``.pth``: ``torch.save`` of the model state dict, loadable with
+      ``torch.load(weights_only=True)``; with ``include_optimizer`` a dict ``{"model_state",
+      "optimizer_state", "extra"}`` instead. A sharded checkpoint's optimizer state is keyed
+      by parameter name (load it with ``set_optimizer_state_dict(..., options=
+      StateDictOptions(full_state_dict=True))``), a plain one's by index as usual.
+
+    The file is written atomically (temporary file, fsync, rename). Sharded checkpoints are
+    trusted input only (see :func:`~gpu_training.checkpoint.sharded.load_sharded`).
+
+    Args:
+        source: A step directory, or a checkpoint root (its newest committed checkpoint).
+        out: The file to write; its suffix picks the format.
+        include_optimizer: Also write the optimizer and extra state (``.pt`` only).
+        overwrite: Replace ``out`` if it exists.
+
+    Returns:
+        ``out`` as a ``Path``.
+
+    Raises:
+        CheckpointError: If the checkpoint is missing, damaged or holds no model state, or
+            ``out`` exists (without ``overwrite``) or cannot be written. Nothing is written.
+        ValueError: If the suffix of ``out`` is not one of :data:`CONSOLIDATED_SUFFIXES`, or
+            ``include_optimizer`` is asked of a ``.safetensors`` file.
+        ImportError: If ``.safetensors`` is asked for and the package is missing.
+    """
+    out = Path(out)
+    _check_output(out, overwrite, include_optimizer)
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file  # fail before the long load when missing
+    step_dir, manifest = read_manifest(source)
+    problems = _inspect(step_dir, checksums=True)[1]
+    if problems:
+        raise CheckpointError(f"refusing to consolidate {step_dir}: " + "; ".join(problems))
+    state = _full_state(step_dir, manifest)
+    tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        if out.suffix == ".safetensors":
+            tensors = _safetensors_dict(state["model_state"], step_dir)
+            save_file(tensors, str(tmp), metadata={"format": "pt", "step": str(manifest["step"])})
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        else:
+            payload = state if include_optimizer else state["model_state"]
+            with open(tmp, "wb") as f:
+                torch.save(payload, cast(IO[bytes], f))
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out

@@ -1,0 +1,359 @@
+"""The job file: what ``gpu-training train CONFIG.yaml`` runs (no torch needed to check it).
+
+A job has five sections, each a typed dataclass that checks itself::
+
+    task: charlm                 # built-in task, or {model: "pkg.mod:build", data: "pkg.mod:build"}
+    task_options: {n_layer: 4}   # the task's own options
+    training:  {...}             # TrainingConfig: global batch, LR, precision, steps...
+    strategy:  {name: ddp}       # none | ddp | fsdp | deepspeed, and their options
+    checkpoint: {every: 50}      # where, how often, how many to keep
+    run: {output_dir: runs/demo} # logging, evaluation, metrics
+
+Unknown keys and wrong values are one line naming ``section.field`` (with a close-match
+suggestion), exit status 2 from the CLI, and nothing written.
+
+Example:
+    >>> job = JobConfig.from_dict({"task": "charlm", "training": {"global_batch_size": 32,
+    ...     "per_device_batch_size": 8, "max_steps": 10}, "strategy": {"name": "ddp"}})
+    >>> job.training.for_world_size(2).gradient_accumulation_steps
+    2
+    >>> JobConfig.from_dict({"strategy": {"name": "dpp"}})
+    Traceback (most recent call last):
+    ...
+    gpu_training.config.ConfigError: field 'strategy.name': expected one of none, ddp, fsdp, deepspeed, got 'dpp' (str) (did you mean 'ddp'?)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_training.config import (
+    ConfigError,
+    TrainingConfig,
+    _check_choice,
+    _check_int,
+    _check_optional_int,
+    parse_override,
+    read_config_file,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "CheckpointSpec",
+    "JobConfig",
+    "RunSpec",
+    "StrategySpec",
+    "TaskSpec",
+    "load_job",
+]
+
+STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp", "deepspeed")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"field '{name}': expected true or false, got {value!r}", name)
+
+
+def _check_str(name: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"field '{name}': expected a non-empty string, got {value!r}", name)
+
+
+@dataclass
+class TaskSpec:
+    """What to train: a built-in task by name, or the user's model and data factories."""
+
+    name: str | None = "charlm"
+    """A built-in task (``charlm``); ``None`` when ``model`` and ``data`` are given."""
+
+    model: str | None = None
+    """Import string ``pkg.module:function`` returning an ``nn.Module``."""
+
+    data: str | None = None
+    """Import string returning ``(train_dataset, val_dataset_or_None)``."""
+
+    loss: str | None = None
+    """Import string of ``loss(outputs, targets) -> Tensor`` (default: cross-entropy)."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the built-in task (e.g. ``n_layer`` for ``charlm``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("model", "data", "loss"):
+            value = getattr(self, name)
+            _check_str(f"task.{name}", value, optional=True)
+            if value is not None and ":" not in value:
+                raise ConfigError(
+                    f"field 'task.{name}': expected an import string 'package.module:function', "
+                    f"got {value!r}",
+                    f"task.{name}",
+                )
+        if (self.model is None) != (self.data is None):
+            missing = "data" if self.data is None else "model"
+            raise ConfigError(
+                f"field 'task.{missing}': a user task needs both model and data import strings",
+                f"task.{missing}",
+            )
+        if self.model is not None:
+            self.name = None
+        _check_str("task.name", self.name, optional=self.model is not None)
+        if not isinstance(self.options, dict):
+            raise ConfigError(
+                f"field 'task_options': expected a mapping, got {self.options!r}", "task_options"
+            )
+
+
+@dataclass
+class StrategySpec:
+    """How the model is spread over the ranks (see ``gpu_training.strategy``)."""
+
+    name: str = "ddp"
+    """``none``, ``ddp``, ``fsdp`` or ``deepspeed``."""
+
+    block_classes: list[str] | None = None
+    """Class names of the blocks to shard / checkpoint (default: detect repeated blocks)."""
+
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of storing them."""
+
+    cpu_offload: bool = False
+    """FSDP: keep sharded parameters on the CPU. DeepSpeed: offload optimizer (and, stage 3,
+    parameters) to the CPU."""
+
+    sharding: str = "full"
+    """FSDP: ``full`` (shard over all ranks) or ``hybrid`` (shard within a node, replicate across)."""
+
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (1, 2 or 3)."""
+
+    deepspeed_config: str | None = None
+    """A DeepSpeed JSON config whose ``"auto"`` values the toolkit fills in."""
+
+    def __post_init__(self) -> None:
+        _check_choice("strategy.name", self.name, STRATEGIES)
+        if self.block_classes is not None and (
+            not isinstance(self.block_classes, list)
+            or not all(isinstance(c, str) and c for c in self.block_classes)
+        ):
+            raise ConfigError(
+                "field 'strategy.block_classes': expected a list of class names, "
+                f"got {self.block_classes!r}",
+                "strategy.block_classes",
+            )
+        _check_bool("strategy.activation_checkpointing", self.activation_checkpointing)
+        _check_bool("strategy.cpu_offload", self.cpu_offload)
+        _check_choice("strategy.sharding", self.sharding, ("full", "hybrid"))
+        _check_int("strategy.zero_stage", self.zero_stage, 1)
+        if self.zero_stage > 3:
+            raise ConfigError(
+                f"field 'strategy.zero_stage': expected 1, 2 or 3, got {self.zero_stage}",
+                "strategy.zero_stage",
+            )
+        _check_str("strategy.deepspeed_config", self.deepspeed_config, optional=True)
+
+
+@dataclass
+class CheckpointSpec:
+    """Where checkpoints go and how often."""
+
+    dir: str | None = None
+    """Checkpoint directory (default: ``<run.output_dir>/checkpoints``)."""
+
+    every: int = 100
+    """Save every this many optimizer steps (and at the end, and on preemption)."""
+
+    keep_last_n: int = 3
+    """Committed checkpoints to keep."""
+
+    resume: bool = True
+    """Continue from the newest complete checkpoint when one exists."""
+
+    def __post_init__(self) -> None:
+        _check_str("checkpoint.dir", self.dir, optional=True)
+        _check_int("checkpoint.every", self.every, 1)
+        _check_int("checkpoint.keep_last_n", self.keep_last_n, 1)
+        _check_bool("checkpoint.resume", self.resume)
+
+
+@dataclass
+class RunSpec:
+    """Outputs, logging and evaluation."""
+
+    output_dir: str = "runs/job"
+    """Metrics (``metrics.jsonl``), plots, TensorBoard events and (by default) checkpoints."""
+
+    log_every: int = 10
+    """Reduce metrics over ranks and log them every this many optimizer steps."""
+
+    eval_every: int = 100
+    """Evaluate on the validation set every this many steps (and at the end)."""
+
+    eval_batches: int | None = 20
+    """Validation micro-batches per rank per evaluation (``None``: the whole set)."""
+
+    progress: bool = True
+    """Show a progress bar (rank 0 only, and only on a terminal)."""
+
+    tensorboard: bool = True
+    """Write TensorBoard events when the ``tensorboard`` extra is installed."""
+
+    plot: bool = True
+    """Draw ``loss.png`` at the end when the ``plot`` extra is installed."""
+
+    def __post_init__(self) -> None:
+        _check_str("run.output_dir", self.output_dir)
+        _check_int("run.log_every", self.log_every, 1)
+        _check_int("run.eval_every", self.eval_every, 1)
+        _check_optional_int("run.eval_batches", self.eval_batches, 1)
+        for name in ("progress", "tensorboard", "plot"):
+            _check_bool(f"run.{name}", getattr(self, name))
+
+
+_SECTIONS: dict[str, type] = {
+    "strategy": StrategySpec,
+    "checkpoint": CheckpointSpec,
+    "run": RunSpec,
+}
+
+
+def _section(cls: type, name: str, data: object) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"section '{name}': expected a mapping, got {data!r}", name)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{name}.{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown field '{name}.{key}'{hint}", f"{name}.{key}")
+    return cls(**dict(data))
+
+
+@dataclass
+class JobConfig:
+    """A whole training job: task, training hyper-parameters, strategy, checkpoints, run."""
+
+    task: TaskSpec = field(default_factory=TaskSpec)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    strategy: StrategySpec = field(default_factory=StrategySpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    run: RunSpec = field(default_factory=RunSpec)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """``checkpoint.dir``, or ``<run.output_dir>/checkpoints``."""
+        return Path(self.checkpoint.dir or Path(self.run.output_dir) / "checkpoints")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that round-trips through :meth:`from_dict`."""
+        task = dataclasses.asdict(self.task)
+        options = task.pop("options")
+        return {
+            "task": {k: v for k, v in task.items() if v is not None},
+            "task_options": options,
+            "training": self.training.to_dict(),
+            "strategy": dataclasses.asdict(self.strategy),
+            "checkpoint": dataclasses.asdict(self.checkpoint),
+            "run": dataclasses.asdict(self.run),
+        }
+
+    def config_hash(self) -> str:
+        """A short hash of the math-relevant settings (task, training, strategy).
+
+        Stored in each checkpoint's manifest; resuming with a different hash warns.
+        """
+        relevant = self.to_dict()
+        training = dict(relevant["training"])
+        # The world size and its derived accumulation may change between runs: the global
+        # batch is what defines the job.
+        training.pop("world_size", None)
+        if training.get("global_batch_size") is not None:
+            training.pop("gradient_accumulation_steps", None)
+        payload = {k: relevant[k] for k in ("task", "task_options", "strategy")}
+        payload["training"] = training
+        text = json.dumps(payload, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> JobConfig:
+        """Build and validate a job from a mapping (a parsed YAML/JSON file).
+
+        Raises:
+            ConfigError: One line naming ``section.field`` (prefixed with ``source``).
+        """
+        prefix = f"{source}: " if source else ""
+        try:
+            return cls._from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"{prefix}{err}", err.field) from None
+
+    @classmethod
+    def _from_dict(cls, data: Mapping[str, Any]) -> JobConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"expected a mapping of sections, got {type(data).__name__}")
+        known = ["task", "task_options", "training", *_SECTIONS]
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ConfigError(f"unknown section '{key}'{hint}", str(key))
+        task_raw = data.get("task", "charlm")
+        options = data.get("task_options") or {}
+        if isinstance(task_raw, str):
+            task = TaskSpec(name=task_raw, options=options)
+        elif isinstance(task_raw, Mapping):
+            task = _section(TaskSpec, "task", {**task_raw, "options": options})
+        else:
+            raise ConfigError(f"section 'task': expected a name or a mapping, got {task_raw!r}")
+        training_raw = data.get("training") or {}
+        if not isinstance(training_raw, Mapping):
+            raise ConfigError(f"section 'training': expected a mapping, got {training_raw!r}")
+        try:
+            training = TrainingConfig.from_dict(training_raw)
+        except ConfigError as err:
+            field_name = f"training.{err.field}" if err.field else "training"
+            message = str(err).replace(f"'{err.field}'", f"'{field_name}'", 1)
+            raise ConfigError(message, field_name) from None
+        sections = {name: _section(kind, name, data.get(name)) for name, kind in _SECTIONS.items()}
+        return cls(task=task, training=training, **sections)
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: '{part}' is not a section", dotted)
+        node = child
+    node[parts[-1]] = value
+
+
+def load_job(
+    path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()
+) -> JobConfig:
+    """Load a job file and apply ``section.field=value`` overrides (``--set``).
+
+    Raises:
+        ConfigError: For an unreadable file or any invalid field; the message names the file.
+    """
+    data = read_config_file(path)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    source = str(Path(path)) + (" (with --set)" if overrides else "")
+    return JobConfig.from_dict(data, source=source)

@@ -1,0 +1,160 @@
+"""What a run tells its user: console lines, a metrics file, TensorBoard, and a loss plot.
+
+Only rank 0 reports. :class:`MetricsWriter` appends one JSON object per event to
+``metrics.jsonl`` (so a resumed run continues the same file), mirrors scalars to TensorBoard
+when the ``tensorboard`` extra is installed, and :func:`plot_metrics` draws loss and
+throughput curves to a PNG with the ``plot`` extra.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp())
+    >>> with MetricsWriter(out, tensorboard=False) as writer:
+    ...     writer.write("train", 10, {"loss": 2.5, "lr": 1e-3})
+    >>> read_metrics(out / "metrics.jsonl")[0]["loss"]
+    2.5
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["MetricsWriter", "plot_metrics", "read_metrics"]
+
+
+class MetricsWriter:
+    """Append-only metrics on rank 0: ``metrics.jsonl`` plus optional TensorBoard events.
+
+    Args:
+        output_dir: Where ``metrics.jsonl`` (and ``tensorboard/``) go; created if missing.
+        tensorboard: Also write TensorBoard scalars when the package is importable.
+        enabled: False on ranks other than 0: every method is then a no-op.
+    """
+
+    def __init__(
+        self, output_dir: str | os.PathLike[str], *, tensorboard: bool = True, enabled: bool = True
+    ) -> None:
+        self.enabled = enabled
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self._tb: Any = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # the tensorboard extra is not installed
+                self._tb = None
+            else:
+                self._tb = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+
+    @property
+    def tensorboard_dir(self) -> Path | None:
+        """The TensorBoard log directory, when events are written."""
+        return Path(self._tb.log_dir) if self._tb is not None else None
+
+    def write(self, split: str, step: int, values: Mapping[str, float]) -> None:
+        """Record ``values`` of ``split`` (``train``/``val``) at optimizer step ``step``."""
+        if not self.enabled:
+            return
+        record = {"split": split, "step": step}
+        record.update({k: float(v) for k, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in values.items():
+                if math.isfinite(float(value)):
+                    self._tb.add_scalar(f"{split}/{key}", float(value), step)
+
+    def close(self) -> None:
+        """Flush and close the file and the TensorBoard writer."""
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file (a torn last line, from a kill, is skipped)."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def plot_metrics(
+    metrics_path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    baseline: float | None = None,
+) -> Path | None:
+    """Draw train/validation loss (and throughput when logged) to a PNG.
+
+    Args:
+        metrics_path: A ``metrics.jsonl`` written by :class:`MetricsWriter`.
+        out_path: The PNG to write (replaced atomically).
+        baseline: A reference loss to draw as a horizontal line (e.g. the unigram baseline).
+
+    Returns:
+        The PNG path, or None when matplotlib (the ``plot`` extra) is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display: render to a file
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    records = read_metrics(metrics_path)
+    # A resumed run appends: keep the last record per (split, step).
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in records:
+        latest[(r["split"], r["step"])] = r
+    train = sorted((r for (s, _), r in latest.items() if s == "train"), key=lambda r: r["step"])
+    val = sorted((r for (s, _), r in latest.items() if s == "val"), key=lambda r: r["step"])
+    throughput = [r for r in train if "samples_per_s" in r]
+    fig, axes = plt.subplots(1, 2 if throughput else 1, figsize=(11 if throughput else 6, 4))
+    loss_ax = axes[0] if throughput else axes
+    if train:
+        loss_ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
+    if val:
+        loss_ax.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="validation")
+    if baseline is not None:
+        loss_ax.axhline(baseline, color="gray", linestyle="--", label=f"baseline {baseline:.3f}")
+    loss_ax.set_xlabel("optimizer step")
+    loss_ax.set_ylabel("loss")
+    loss_ax.legend()
+    loss_ax.set_title("loss")
+    if throughput:
+        axes[1].plot([r["step"] for r in throughput], [r["samples_per_s"] for r in throughput])
+        axes[1].set_xlabel("optimizer step")
+        axes[1].set_ylabel("samples / s (all ranks)")
+        axes[1].set_title("throughput")
+    fig.tight_layout()
+    out = Path(out_path)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,139 @@
+"""Spreading a model over GPUs: choose DDP, FSDP2 or DeepSpeed ZeRO, and wrap it.
+
+- :mod:`~gpu_training.strategy.spec` — :class:`StrategyConfig` (a strategy is data) and
+  :class:`StrategyError`; no torch.
+- :mod:`~gpu_training.strategy.choose` — :func:`choose_strategy`, the guide's decision tree
+  on a memory estimate; no torch.
+- :mod:`~gpu_training.strategy.wrap` — :func:`wrap_model` for none/ddp/fsdp, block
+  detection, activation checkpointing, :class:`StepFns`.
+- :mod:`~gpu_training.strategy.deepspeed` — :func:`build_deepspeed_config` (fills every
+  ``"auto"``) and :func:`deepspeed_initialize`.
+- :mod:`~gpu_training.strategy.prepare` — :func:`prepare`: model, optimizer and step
+  functions in one call, for every strategy.
+
+Names resolve lazily, so ``from gpu_training.strategy import choose_strategy`` does not import
+torch::
+
+    >>> from gpu_training.strategy import choose_strategy
+    >>> choose_strategy(1_500_000_000, gpu_memory_bytes=80 * 2**30, num_gpus=8).strategy
+    'ddp'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    # spec (no torch)
+    "OFFLOAD_MODES": "spec",
+    "SHARDINGS": "spec",
+    "STRATEGIES": "spec",
+    "StrategyConfig": "spec",
+    "StrategyError": "spec",
+    "parse_strategy": "spec",
+    # choose (no torch)
+    "CANDIDATES": "choose",
+    "ModelStateBytes": "choose",
+    "StrategyChoice": "choose",
+    "choose_strategy": "choose",
+    "format_bytes": "choose",
+    "model_state_bytes": "choose",
+    "per_gpu_bytes": "choose",
+    # wrap
+    "StepFns": "wrap",
+    "apply_activation_checkpointing": "wrap",
+    "detect_blocks": "wrap",
+    "find_blocks": "wrap",
+    "step_fns": "wrap",
+    "wrap_model": "wrap",
+    # deepspeed
+    "DEFAULT_DEEPSPEED_CONFIG": "deepspeed",
+    "build_deepspeed_config": "deepspeed",
+    "deepspeed_initialize": "deepspeed",
+    "deepspeed_step_fns": "deepspeed",
+    "find_auto_values": "deepspeed",
+    # prepare
+    "Prepared": "prepare",
+    "default_optimizer": "prepare",
+    "prepare": "prepare",
+}
+
+__all__ = [
+    "CANDIDATES",
+    "DEFAULT_DEEPSPEED_CONFIG",
+    "OFFLOAD_MODES",
+    "SHARDINGS",
+    "STRATEGIES",
+    "ModelStateBytes",
+    "Prepared",
+    "StepFns",
+    "StrategyChoice",
+    "StrategyConfig",
+    "StrategyError",
+    "apply_activation_checkpointing",
+    "build_deepspeed_config",
+    "choose_strategy",
+    "deepspeed_initialize",
+    "deepspeed_step_fns",
+    "default_optimizer",
+    "detect_blocks",
+    "find_auto_values",
+    "find_blocks",
+    "format_bytes",
+    "model_state_bytes",
+    "parse_strategy",
+    "per_gpu_bytes",
+    "prepare",
+    "step_fns",
+    "wrap_model",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_training.strategy' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"gpu_training.strategy.{module}"), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from gpu_training.strategy.choose import (
+        CANDIDATES,
+        ModelStateBytes,
+        StrategyChoice,
+        choose_strategy,
+        format_bytes,
+        model_state_bytes,
+        per_gpu_bytes,
+    )
+    from gpu_training.strategy.deepspeed import (
+        DEFAULT_DEEPSPEED_CONFIG,
+        build_deepspeed_config,
+        deepspeed_initialize,
+        deepspeed_step_fns,
+        find_auto_values,
+    )
+    from gpu_training.strategy.prepare import Prepared, default_optimizer, prepare
+    from gpu_training.strategy.spec import (
+        OFFLOAD_MODES,
+        SHARDINGS,
+        STRATEGIES,
+        StrategyConfig,
+        StrategyError,
+        parse_strategy,
+    )
+    from gpu_training.strategy.wrap import (
+        StepFns,
+        apply_activation_checkpointing,
+        detect_blocks,
+        find_blocks,
+        step_fns,
+        wrap_model,
+    )

@@ -1,0 +1,186 @@
+"""Prepare and go: one call from a plain model to a model, optimizer and step functions.
+
+The same loop body then serves every strategy::
+
+    from gpu_training.strategy import prepare
+
+    run = prepare(model, "fsdp", ctx, training_config)
+    for micro_step, (x, y) in enumerate(loader):
+        with run.steps.sync(micro_step):
+            with run.steps.autocast():
+                loss = loss_fn(run.model(x), y)
+            run.steps.backward(loss)
+        grad_norm = run.steps.step(micro_step)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpu_training.amp import MixedPrecisionTrainer, resolve_precision
+from gpu_training.config import TrainingConfig
+from gpu_training.ddp import DistributedContext, resolve_device
+from gpu_training.strategy.deepspeed import (
+    build_deepspeed_config,
+    deepspeed_initialize,
+    deepspeed_step_fns,
+)
+from gpu_training.strategy.spec import StrategyConfig, StrategyError, parse_strategy
+from gpu_training.strategy.wrap import (
+    StepFns,
+    apply_activation_checkpointing,
+    detect_blocks,
+    find_blocks,
+    step_fns,
+    wrap_model,
+)
+
+__all__ = ["OptimizerFactory", "Prepared", "default_optimizer", "prepare"]
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+"""Builds the optimizer from the (wrapped, possibly sharded) model's parameters."""
+
+
+def default_optimizer(config: TrainingConfig) -> OptimizerFactory:
+    """AdamW at the config's scaled learning rate and weight decay."""
+
+    def make(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            params, lr=config.scaled_learning_rate, weight_decay=config.weight_decay
+        )
+
+    return make
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` hands back."""
+
+    model: nn.Module
+    """Call this for forward: DDP, an FSDP2 module, the plain model, or a DeepSpeed engine."""
+
+    optimizer: torch.optim.Optimizer
+    """The torch optimizer holding the learning rate: attach LR schedulers here."""
+
+    steps: StepFns
+    """sync / autocast / backward / step for the micro-step loop."""
+
+    strategy: StrategyConfig
+    precision: str
+    """The resolved precision (``fp32``, ``bf16`` or ``fp16``)."""
+
+    trainer: MixedPrecisionTrainer | None = None
+    """none/ddp/fsdp: the precision trainer (its state goes into checkpoints)."""
+
+    engine: Any = None
+    """deepspeed: the ``DeepSpeedEngine`` (the same object as ``model``)."""
+
+    deepspeed_config: dict[str, Any] | None = None
+    """deepspeed: the filled config it was initialised with."""
+
+
+def prepare(
+    model: nn.Module,
+    strategy: str | Mapping[str, Any] | StrategyConfig,
+    ctx: DistributedContext,
+    config: TrainingConfig,
+    *,
+    device: torch.device | str | None = None,
+    optimizer: OptimizerFactory | None = None,
+    deepspeed_config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    total_steps: int | None = None,
+) -> Prepared:
+    """Wrap ``model`` for ``strategy``, build its optimizer and the step functions.
+
+    none/ddp/fsdp: :func:`~gpu_training.strategy.wrap_model`, the optimizer over the wrapped
+    parameters, a :class:`~gpu_training.amp.MixedPrecisionTrainer` with the config's
+    precision, accumulation and clipping. deepspeed:
+    :func:`~gpu_training.strategy.build_deepspeed_config` (from ``deepspeed_config``, else
+    the strategy's file, else the built-in ZeRO-2 config), activation checkpointing if asked,
+    :func:`~gpu_training.strategy.deepspeed_initialize` with the torch optimizer unless the
+    DeepSpeed config defines one.
+
+    Args:
+        model: The plain model.
+        strategy: A name, a mapping of options or a :class:`StrategyConfig`.
+        ctx: This process's context (after :func:`~gpu_training.ddp.init_distributed`).
+        config: Batch, precision, learning rate and clipping.
+        device: Where to train (default: :func:`~gpu_training.ddp.resolve_device`).
+        optimizer: Optimizer factory (default: :func:`default_optimizer`).
+        deepspeed_config: A DeepSpeed config (mapping or file) for ``deepspeed``.
+        total_steps: Run length, for a DeepSpeed scheduler's ``"auto"`` total steps.
+
+    Returns:
+        A :class:`Prepared` bundle.
+
+    Raises:
+        StrategyError: For invalid strategy options (see :func:`wrap_model`,
+            :func:`build_deepspeed_config`), or fp16 with fsdp.
+    """
+    spec = parse_strategy(strategy)
+    dev = torch.device(device) if device is not None else resolve_device(ctx)
+    precision = resolve_precision(config.precision, dev)
+    make_optimizer = optimizer if optimizer is not None else default_optimizer(config)
+    if spec.name == "deepspeed":
+        ds_config = build_deepspeed_config(
+            deepspeed_config if deepspeed_config is not None else spec.deepspeed_config,
+            config,
+            stage=spec.zero_stage,
+            offload=spec.offload if spec.offload is not None else (spec.cpu_offload or None),
+            precision=precision,
+            total_steps=total_steps,
+        )
+        if spec.activation_checkpointing:
+            blocks = (
+                find_blocks(model, spec.block_classes)
+                if spec.block_classes is not None
+                else detect_blocks(model)
+            )
+            apply_activation_checkpointing(model, blocks)
+        engine, _ = deepspeed_initialize(
+            model,
+            ds_config,
+            ctx,
+            optimizer=None if "optimizer" in ds_config else make_optimizer,
+        )
+        return Prepared(
+            model=engine,
+            optimizer=engine.basic_optimizer,
+            steps=deepspeed_step_fns(engine),
+            strategy=spec,
+            precision=precision,
+            engine=engine,
+            deepspeed_config=ds_config,
+        )
+    if spec.name == "fsdp" and precision == "fp16":
+        # GradScaler skips steps per rank; with sharded gradients the ranks would disagree.
+        raise StrategyError(
+            "fsdp with fp16 needs a loss scaler shared by all shards: use bf16 (or fp32)",
+            "precision",
+        )
+    wrapped = wrap_model(model, spec, ctx, device=dev, mixed_precision=precision)
+    from torch.distributed.fsdp import FSDPModule
+
+    # FSDP's MixedPrecisionPolicy already computes in bf16: no autocast on top.
+    amp_precision = "fp32" if isinstance(wrapped, FSDPModule) else precision
+    trainer = MixedPrecisionTrainer(
+        make_optimizer(wrapped.parameters()),
+        precision=amp_precision,
+        grad_accum_steps=config.gradient_accumulation_steps,
+        max_grad_norm=config.max_grad_norm,
+        device=dev,
+    )
+    return Prepared(
+        model=wrapped,
+        optimizer=trainer.optimizer,
+        steps=step_fns(wrapped, trainer),
+        strategy=spec,
+        precision=precision,
+        trainer=trainer,
+    )

@@ -1,0 +1,248 @@
+"""What a strategy is, as data: a name and its options, validated, with no torch import.
+
+A config file's ``strategy:`` entry is either a bare name or a mapping::
+
+    strategy: ddp
+
+    strategy:
+      name: fsdp
+      block_classes: [Block]          # FSDP units / activation-checkpointed blocks
+      activation_checkpointing: true
+      sharding: full                  # or hybrid: replicate across nodes, shard within one
+
+:func:`parse_strategy` turns either form into a :class:`StrategyConfig`; a typo in a key or a
+value is one :class:`StrategyError` line with a close-match suggestion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_training.config import ConfigError
+
+__all__ = [
+    "OFFLOAD_MODES",
+    "SHARDINGS",
+    "STRATEGIES",
+    "StrategyConfig",
+    "StrategyError",
+    "did_you_mean",
+    "parse_strategy",
+]
+
+STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp", "deepspeed")
+"""Known strategy names: one process, replicate (DDP), shard (FSDP2), DeepSpeed ZeRO."""
+
+SHARDINGS: tuple[str, ...] = ("full", "hybrid")
+"""FSDP sharding: over every rank, or within a node and replicated across nodes (HSDP)."""
+
+OFFLOAD_MODES: tuple[str, ...] = ("none", "optimizer", "all")
+"""DeepSpeed CPU offload: nothing, optimizer state, or optimizer state and parameters."""
+
+
+class StrategyError(ConfigError):
+    """A strategy, its options or the model it is applied to do not fit together.
+
+    A :class:`~gpu_training.config.ConfigError` (so a ``ValueError``): the command line
+    prints its one-line message and exits with code 2.
+    """
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or an empty string.
+
+    Example:
+        >>> did_you_mean("fdsp", ["ddp", "fsdp"])
+        " (did you mean 'fsdp'?)"
+    """
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise StrategyError(
+            f"field 'strategy.{name}': expected true or false, got {value!r}", f"strategy.{name}"
+        )
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+        raise StrategyError(
+            f"field 'strategy.{name}': expected one of {', '.join(choices)}, got {value!r}{hint}",
+            f"strategy.{name}",
+        )
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """How the model is spread over the ranks. Options of other strategies are ignored.
+
+    Example:
+        >>> StrategyConfig.from_dict({"name": "fsdp", "block_classes": "Block"}).block_classes
+        ('Block',)
+
+    Raises:
+        StrategyError: On construction, for an unknown name or an out-of-range option.
+    """
+
+    name: str = "ddp"
+    """``none`` (one process or plain model), ``ddp``, ``fsdp`` or ``deepspeed``."""
+
+    block_classes: tuple[str, ...] | None = None
+    """Class names of the repeated blocks (FSDP units, checkpointed blocks); None: detect them."""
+
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of storing them (none/ddp/fsdp)."""
+
+    cpu_offload: bool = False
+    """FSDP: keep sharded parameters, gradients and optimizer state in CPU memory. DeepSpeed
+    (when ``offload`` is None): offload the optimizer state, and at stage 3 the parameters."""
+
+    sharding: str = "full"
+    """FSDP: ``full`` (shard over all ranks) or ``hybrid`` (shard within a node, replicate across)."""
+
+    reshard_after_forward: bool = True
+    """FSDP: free gathered parameters after forward (ZeRO-3); False keeps them (ZeRO-2-like)."""
+
+    zero_stage: int | None = None
+    """DeepSpeed: ZeRO stage 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters);
+    None: the DeepSpeed config's stage (2 in the built-in one)."""
+
+    offload: str | None = None
+    """DeepSpeed: CPU offload of ``none``, ``optimizer`` state, or ``all`` (stage 3: parameters
+    too); None: as the DeepSpeed config says."""
+
+    deepspeed_config: str | None = None
+    """DeepSpeed: path of a JSON config whose ``"auto"`` values the toolkit fills in."""
+
+    find_unused_parameters: bool = False
+    """DDP: allow parameters that get no gradient in some steps (costs a graph walk per step)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or self.name not in STRATEGIES:
+            hint = did_you_mean(self.name, STRATEGIES) if isinstance(self.name, str) else ""
+            raise StrategyError(
+                f"unknown strategy {self.name!r}{hint}; expected one of {', '.join(STRATEGIES)}",
+                "strategy.name",
+            )
+        blocks = self.block_classes
+        if isinstance(blocks, str):
+            blocks = (blocks,)
+        if blocks is not None:
+            if isinstance(blocks, Mapping) or not isinstance(blocks, Iterable):
+                raise StrategyError(
+                    f"field 'strategy.block_classes': expected a list of class names, got {blocks!r}",
+                    "strategy.block_classes",
+                )
+            blocks = tuple(blocks)
+            if not blocks or not all(isinstance(b, str) and b.strip() for b in blocks):
+                raise StrategyError(
+                    "field 'strategy.block_classes': expected a non-empty list of class names, "
+                    f"got {list(blocks)!r}",
+                    "strategy.block_classes",
+                )
+        object.__setattr__(self, "block_classes", blocks)
+        for flag in (
+            "activation_checkpointing",
+            "cpu_offload",
+            "reshard_after_forward",
+            "find_unused_parameters",
+        ):
+            _check_bool(flag, getattr(self, flag))
+        _check_choice("sharding", self.sharding, SHARDINGS)
+        if self.offload is not None:
+            _check_choice("offload", self.offload, OFFLOAD_MODES)
+        stage = self.zero_stage
+        if stage is not None and (
+            isinstance(stage, bool) or not isinstance(stage, int) or stage not in (1, 2, 3)
+        ):
+            raise StrategyError(
+                f"field 'strategy.zero_stage': expected 1, 2 or 3, got {stage!r}",
+                "strategy.zero_stage",
+            )
+        if self.offload == "all" and stage is not None and stage != 3:
+            raise StrategyError(
+                f"field 'strategy.offload': 'all' offloads parameters, which needs zero_stage 3, "
+                f"got zero_stage {stage}",
+                "strategy.offload",
+            )
+        if self.deepspeed_config is not None and not (
+            isinstance(self.deepspeed_config, str) and self.deepspeed_config
+        ):
+            raise StrategyError(
+                "field 'strategy.deepspeed_config': expected a path to a JSON file, "
+                f"got {self.deepspeed_config!r}",
+                "strategy.deepspeed_config",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as plain data (round-trips through :meth:`from_dict`)."""
+        data = dataclasses.asdict(self)
+        if self.block_classes is not None:
+            data["block_classes"] = list(self.block_classes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> StrategyConfig:
+        """Build from a mapping, rejecting unknown keys with a close-match hint.
+
+        Args:
+            data: Option names to values (``name`` defaults to ``ddp``).
+            source: A file name to prefix error messages with.
+
+        Raises:
+            StrategyError: For an unknown key or an invalid value.
+        """
+        prefix = f"{source}: " if source else ""
+        if not isinstance(data, Mapping):
+            raise StrategyError(
+                f"{prefix}field 'strategy': expected a name or a mapping of options, "
+                f"got {type(data).__name__}",
+                "strategy",
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in names:
+                raise StrategyError(
+                    f"{prefix}unknown field 'strategy.{key}'{did_you_mean(str(key), names)}",
+                    f"strategy.{key}",
+                )
+        try:
+            return cls(**dict(data))
+        except StrategyError as err:
+            raise StrategyError(f"{prefix}{err}", err.field) from None
+
+
+def parse_strategy(
+    value: str | Mapping[str, Any] | StrategyConfig | Any | None, *, source: str | None = None
+) -> StrategyConfig:
+    """A :class:`StrategyConfig` from a name, a mapping or dataclass of options, or None (``ddp``).
+
+    Example:
+        >>> parse_strategy("fsdp").name
+        'fsdp'
+
+    Raises:
+        StrategyError: For an unknown name, key or value.
+    """
+    if value is None:
+        return StrategyConfig()
+    if isinstance(value, StrategyConfig):
+        return value
+    if isinstance(value, str):
+        return StrategyConfig.from_dict({"name": value}, source=source)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # another spec with the same field names (e.g. a job file's strategy section)
+        return StrategyConfig.from_dict(dataclasses.asdict(value), source=source)
+    if not isinstance(value, Mapping):
+        raise StrategyError(
+            f"field 'strategy': expected a name or a mapping of options, got {value!r}",
+            "strategy",
+        )
+    return StrategyConfig.from_dict(value, source=source)

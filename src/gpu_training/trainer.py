@@ -1,0 +1,506 @@
+"""The main job: ``Trainer(job).fit()`` composes the helpers into one correct training run.
+
+context → task (model, data) → world-size-invariant sampler → strategy wrapping →
+MixedPrecisionTrainer → warmup-cosine schedule → CheckpointManager (auto-resume) → step loop
+→ metrics reduced over ranks → rank-0 reporting. The Trainer holds no math of its own: every
+piece is a helper a hand-written loop can use directly (``examples/train_ddp.py`` does).
+
+Example:
+    >>> from gpu_training.job import JobConfig
+    >>> import tempfile
+    >>> job = JobConfig.from_dict({
+    ...     "task": "charlm", "task_options": {"n_layer": 1, "n_embd": 32, "n_head": 2,
+    ...                                        "block_size": 32},
+    ...     "training": {"global_batch_size": 8, "per_device_batch_size": 4, "max_steps": 3,
+    ...                  "learning_rate": 3e-3},
+    ...     "strategy": {"name": "none"},
+    ...     "run": {"output_dir": tempfile.mkdtemp(), "progress": False, "log_every": 1,
+    ...             "eval_every": 3, "eval_batches": 2, "plot": False, "tensorboard": False}})
+    >>> summary = Trainer(job, quiet=True).fit()
+    >>> int(summary["step"]), summary["val_loss"] < summary["first_loss"] + 1
+    (3, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from gpu_training.amp import MixedPrecisionTrainer, resolve_precision, should_step
+from gpu_training.checkpoint import CheckpointManager
+from gpu_training.config import TrainingConfig
+from gpu_training.data import GlobalBatchSampler
+from gpu_training.ddp import (
+    DistributedContext,
+    cleanup_distributed,
+    gradient_sync,
+    init_distributed,
+    move_to_device,
+    reduce_scalar_dict,
+    resolve_device,
+)
+from gpu_training.job import JobConfig
+from gpu_training.preemption import PreemptionHandler
+from gpu_training.reporting import MetricsWriter, plot_metrics
+from gpu_training.resume import capture_training_state, restore_training_state
+from gpu_training.rng import seed_everything
+from gpu_training.schedule import linear_warmup_cosine_lr
+from gpu_training.tasks import Task, resolve_task, task_from_imports
+
+__all__ = ["Callback", "Trainer", "TrainerState"]
+
+
+@dataclass
+class TrainerState:
+    """What callbacks can read while the run goes on."""
+
+    step: int = 0
+    """Optimizer steps completed."""
+    total_steps: int = 0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    preempted: bool = False
+
+
+class Callback(Protocol):
+    """Hooks called on every rank (guard output with ``trainer.ctx.is_main_process``).
+
+    Implement only the hooks you need; missing ones are skipped.
+    """
+
+    def on_train_start(self, trainer: Trainer) -> None: ...
+
+    def on_log(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+
+    def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+
+    def on_checkpoint(self, trainer: Trainer, path: Path | None) -> None: ...
+
+    def on_train_end(self, trainer: Trainer, summary: dict[str, float]) -> None: ...
+
+
+def build_task(job: JobConfig) -> Task:
+    """The :class:`~gpu_training.tasks.Task` a job names (built-in or import strings)."""
+    spec = job.task
+    if spec.model is not None and spec.data is not None:
+        return task_from_imports(spec.model, spec.data, spec.loss)
+    assert spec.name is not None  # TaskSpec guarantees a name or both import strings
+    return resolve_task(spec.name, spec.options)
+
+
+class Trainer:
+    """Runs a :class:`~gpu_training.job.JobConfig` on however many ranks it is launched with.
+
+    Args:
+        job: The job (task, training, strategy, checkpoint, run sections).
+        task: Use this task instead of the one the job names (the Python API).
+        callbacks: Objects with any of the :class:`Callback` hooks.
+        quiet: Print nothing (metrics are still written).
+    """
+
+    def __init__(
+        self,
+        job: JobConfig,
+        *,
+        task: Task | None = None,
+        callbacks: Sequence[Any] = (),
+        quiet: bool = False,
+    ) -> None:
+        self.job = job
+        self.task = task
+        self.callbacks = list(callbacks)
+        self.quiet = quiet
+        self.state = TrainerState()
+        self.ctx = DistributedContext()
+        self.config: TrainingConfig = job.training
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _emit(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            method = getattr(callback, hook, None)
+            if callable(method):
+                method(self, *args)
+
+    def print(self, message: str) -> None:
+        """Print on rank 0 only (and not when ``quiet``)."""
+        if self.ctx.is_main_process and not self.quiet:
+            print(message, flush=True)
+
+    def _wrap(self, model: nn.Module, device: torch.device, precision: str) -> nn.Module:
+        from gpu_training.strategy import wrap_model
+
+        spec = self.job.strategy
+        return wrap_model(
+            model,
+            spec.name,
+            self.ctx,
+            device=device,
+            block_classes=spec.block_classes,
+            mixed_precision=precision,
+            activation_checkpointing=spec.activation_checkpointing,
+            cpu_offload=spec.cpu_offload,
+            sharding=spec.sharding,
+        )
+
+    def _evaluate(
+        self,
+        model: nn.Module,
+        loader: DataLoader[Any],
+        device: torch.device,
+        amp: MixedPrecisionTrainer,
+    ) -> dict[str, float]:
+        """Mean validation loss over every rank's shard (weighted by micro-batches)."""
+        assert self.task is not None
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        count = 0
+        limit = self.job.run.eval_batches
+        with torch.no_grad():
+            for i, batch in enumerate(loader):
+                if limit is not None and i >= limit:
+                    break
+                inputs, targets = move_to_device(batch, device)
+                with amp.autocast():
+                    total += self.task.loss_fn(model(inputs), targets).double()
+                count += 1
+        model.train()
+        sums = reduce_scalar_dict({"loss_sum": total, "count": count}, self.ctx, average=False)
+        loss = sums["loss_sum"] / max(1.0, sums["count"])
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
+
+    # --- the run --------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        """Train to the configured number of steps (resuming when a checkpoint exists).
+
+        Returns:
+            A summary: ``step``, ``first_loss`` and ``train_loss`` (logged, reduced over ranks),
+            ``val_loss`` (last evaluation, NaN without validation data), ``baseline`` (the
+            task's reference loss, NaN if none), ``seconds`` and ``preempted`` (1.0 if a
+            signal stopped the run).
+        """
+        owns_group = not (dist.is_available() and dist.is_initialized())
+        self.ctx = init_distributed()
+        try:
+            return self._fit()
+        finally:
+            if owns_group:
+                cleanup_distributed()
+
+    def _fit(self) -> dict[str, float]:
+        job, ctx = self.job, self.ctx
+        device = resolve_device(ctx)
+        cfg = job.training.for_world_size(ctx.world_size)
+        self.config = cfg
+        precision = resolve_precision(cfg.precision, device)
+        if self.task is None:
+            self.task = build_task(job)
+        task = self.task
+
+        seed_everything(cfg.seed)  # identical initial weights on every rank
+        model = task.build_model().to(device)
+        train_ds, val_ds = task.build_data()
+        sampler = GlobalBatchSampler(
+            len(train_ds),  # type: ignore[arg-type]
+            cfg.effective_batch_size,
+            cfg.per_device_batch_size,
+            ctx,
+            seed=cfg.seed,
+        )
+        # A private generator: each iter(DataLoader) must not draw from the global RNG.
+        loader_gen = torch.Generator().manual_seed(cfg.seed)
+        loader = DataLoader(
+            train_ds, batch_sampler=sampler, generator=loader_gen, pin_memory=device.type == "cuda"
+        )
+        val_loader = self._val_loader(val_ds, cfg)
+        total = cfg.total_steps(len(train_ds))  # type: ignore[arg-type]
+        if total < 1:
+            raise ValueError(
+                f"the training set ({len(train_ds)} samples) holds no global batch of "  # type: ignore[arg-type]
+                f"{cfg.effective_batch_size}: lower training.global_batch_size"
+            )
+
+        # FSDP's MixedPrecisionPolicy casts parameters itself: no autocast on top for bf16.
+        amp_precision = "fp32" if job.strategy.name == "fsdp" and precision == "bf16" else precision
+        wrapped = self._wrap(model, device, precision)
+        optimizer = torch.optim.AdamW(
+            wrapped.parameters(),
+            lr=cfg.scaled_learning_rate,
+            weight_decay=cfg.weight_decay,
+            fused=device.type == "cuda",
+        )
+        scheduler = linear_warmup_cosine_lr(optimizer, cfg.warmup_steps, total, cfg.min_lr_ratio)
+        accum = sampler.gradient_accumulation_steps
+        amp = MixedPrecisionTrainer(optimizer, amp_precision, accum, cfg.max_grad_norm, device)
+        ckpt = CheckpointManager(
+            job.checkpoint_dir,
+            ctx=ctx,
+            keep_last_n=job.checkpoint.keep_last_n,
+            config_hash=job.config_hash(),
+        )
+        sharded = job.strategy.name == "fsdp"
+        generators = {"loader": loader_gen}
+        seed_everything(cfg.seed, rank=ctx.rank)  # per-rank streams (dropout)
+        step = self._resume(ckpt, wrapped, optimizer, scheduler, amp, sampler, generators, sharded)
+        self.state = TrainerState(step=step, total_steps=total)
+
+        out_dir = Path(job.run.output_dir)
+        writer = MetricsWriter(
+            out_dir, tensorboard=job.run.tensorboard, enabled=ctx.is_main_process
+        )
+        self._announce(cfg, precision, total, step, ckpt, writer, task)
+        self._emit("on_train_start")
+        started = time.perf_counter()
+        first_loss = math.nan
+        last_saved = step
+        try:
+            with PreemptionHandler(ctx=ctx) as preemption, self._progress(total, step) as advance:
+                window_loss = torch.zeros((), dtype=torch.float64, device=device)
+                window_micro = 0
+                window_start = time.perf_counter()
+                norm_sum, norm_count = 0.0, 0
+                while step < total and not self.state.preempted:
+                    for micro, batch in enumerate(loader):
+                        inputs, targets = move_to_device(batch, device)
+                        with gradient_sync(wrapped, enabled=should_step(micro, accum)):
+                            with amp.autocast():
+                                loss = task.loss_fn(wrapped(inputs), targets)
+                            amp.backward(loss)
+                        window_loss += loss.detach().double()
+                        window_micro += 1
+                        norm = amp.step(wrapped.parameters(), micro)
+                        if norm is None:
+                            continue
+                        scheduler.step()
+                        step += 1
+                        self.state.step = step
+                        advance()
+                        if math.isfinite(norm):
+                            norm_sum, norm_count = norm_sum + norm, norm_count + 1
+                        if step % job.run.log_every == 0 or step == total:
+                            elapsed = time.perf_counter() - window_start
+                            samples = window_micro * cfg.per_device_batch_size * ctx.world_size
+                            metrics = reduce_scalar_dict({"loss": window_loss / window_micro}, ctx)
+                            metrics.update(
+                                lr=float(scheduler.get_last_lr()[0]),
+                                grad_norm=norm_sum / max(1, norm_count),
+                                samples_per_s=samples / max(elapsed, 1e-9),
+                                skipped_steps=float(amp.skipped_steps),
+                            )
+                            if math.isnan(first_loss):
+                                first_loss = metrics["loss"]
+                            self.state.last_metrics = metrics
+                            writer.write("train", step, metrics)
+                            self._log_line(step, total, metrics)
+                            self._emit("on_log", metrics)
+                            window_loss.zero_()
+                            window_micro, norm_sum, norm_count = 0, 0.0, 0
+                            window_start = time.perf_counter()
+                        if val_loader is not None and (
+                            step % job.run.eval_every == 0 or step == total
+                        ):
+                            val = self._evaluate(wrapped, val_loader, device, amp)
+                            self.state.val_metrics = val
+                            writer.write("val", step, val)
+                            self.print(f"step {step}/{total} | val loss {val['loss']:.4f}")
+                            self._emit("on_eval", val)
+                        stop = preemption.should_stop()
+                        if step % job.checkpoint.every == 0 or step == total or stop:
+                            path = self._save(
+                                ckpt, wrapped, optimizer, scheduler, amp, sampler, generators,
+                                step, sharded,
+                            )  # fmt: skip
+                            last_saved = step
+                            self._emit("on_checkpoint", path)
+                        if stop:
+                            self.state.preempted = True
+                            self.print(
+                                f"preempted by {preemption.received.name if preemption.received else 'a signal on another rank'}: "
+                                f"saved step {step}"
+                            )
+                            break
+                        if step >= total:
+                            break
+                    else:
+                        sampler.set_epoch(sampler.epoch + 1)
+                if step > last_saved:  # e.g. resumed at the end: nothing new to save
+                    self._save(
+                        ckpt, wrapped, optimizer, scheduler, amp, sampler, generators, step, sharded
+                    )
+        finally:
+            ckpt.wait() if hasattr(ckpt, "wait") else None
+            writer.close()
+        summary = {
+            "step": float(step),
+            "first_loss": first_loss,
+            "train_loss": self.state.last_metrics.get("loss", math.nan),
+            "val_loss": self.state.val_metrics.get("loss", math.nan),
+            "baseline": task.baseline if task.baseline is not None else math.nan,
+            "seconds": time.perf_counter() - started,
+            "preempted": float(self.state.preempted),
+        }
+        if ctx.is_main_process and job.run.plot and writer.path.exists():
+            png = plot_metrics(writer.path, out_dir / "loss.png", baseline=task.baseline)
+            if png is not None:
+                self.print(f"plot: {png}")
+        self._emit("on_train_end", summary)
+        del wrapped, model  # free DDP's reducer before the group is destroyed (DESIGN.md)
+        return {k: float(v) for k, v in summary.items()}
+
+    # --- pieces of the run --------------------------------------------------------------
+
+    def _val_loader(
+        self, val_ds: Dataset[Any] | None, cfg: TrainingConfig
+    ) -> DataLoader[Any] | None:
+        if val_ds is None or len(val_ds) == 0:  # type: ignore[arg-type]
+            return None
+        sampler: DistributedSampler[Any] | None = None
+        if self.ctx.is_distributed:
+            sampler = DistributedSampler(
+                val_ds, self.ctx.world_size, self.ctx.rank, shuffle=False, drop_last=False
+            )
+        return DataLoader(val_ds, batch_size=cfg.per_device_batch_size, sampler=sampler)
+
+    def _resume(
+        self,
+        ckpt: CheckpointManager,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        amp: MixedPrecisionTrainer,
+        sampler: GlobalBatchSampler,
+        generators: dict[str, torch.Generator],
+        sharded: bool,
+    ) -> int:
+        if not self.job.checkpoint.resume or ckpt.latest() is None:
+            return 0
+        if sharded:
+            extra = ckpt.load_sharded(model, optimizer)
+            state = {**extra, "model_state": None}
+            step = int(extra["step"])
+            scheduler.load_state_dict(extra["scheduler_state"])
+            amp.load_state_dict(extra["amp_state"])
+            sampler.load_state_dict(extra["sampler_state"])
+            from gpu_training.rng import restore_rng_state
+
+            rng = extra.get("rng_states") or []
+            if self.ctx.rank < len(rng):
+                restore_rng_state(rng[self.ctx.rank], generators)
+            del state
+        else:
+            step = restore_training_state(
+                ckpt.load(),
+                self.ctx,
+                model,
+                optimizer,
+                scheduler=scheduler,
+                amp=amp,
+                sampler=sampler,
+                generators=generators,
+                seed=self.config.seed,
+            )
+        self.print(f"resumed from {ckpt.latest()} (step {step})")
+        return step
+
+    def _save(
+        self,
+        ckpt: CheckpointManager,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        amp: MixedPrecisionTrainer,
+        sampler: GlobalBatchSampler,
+        generators: dict[str, torch.Generator],
+        step: int,
+        sharded: bool,
+    ) -> Path | None:
+        if sharded:
+            from gpu_training.rng import gather_rng_states
+
+            extra = {
+                "step": step,
+                "scheduler_state": scheduler.state_dict(),
+                "amp_state": amp.state_dict(),
+                "sampler_state": sampler.state_dict(),
+                "rng_states": gather_rng_states(self.ctx, generators),
+            }
+            return ckpt.save_sharded(model, optimizer, step, extra=extra)
+        state = capture_training_state(
+            self.ctx,
+            model,
+            optimizer,
+            step=step,
+            scheduler=scheduler,
+            amp=amp,
+            sampler=sampler,
+            generators=generators,
+        )
+        return ckpt.save(state, step=step)
+
+    def _announce(
+        self,
+        cfg: TrainingConfig,
+        precision: str,
+        total: int,
+        step: int,
+        ckpt: CheckpointManager,
+        writer: MetricsWriter,
+        task: Task,
+    ) -> None:
+        strategy = self.job.strategy
+        lines = [
+            f"task: {task.name}" + (f" ({task.describe})" if task.describe else ""),
+            cfg.describe(),
+            f"strategy: {strategy.name} on {self.ctx.world_size} rank(s)"
+            + (f", backend {self.ctx.backend}" if self.ctx.backend else "")
+            + f", precision {precision}",
+            f"steps: {total} (starting at {step})",
+            f"checkpoints: {ckpt.directory} (every {self.job.checkpoint.every}, keep "
+            f"{self.job.checkpoint.keep_last_n})",
+            f"metrics: {writer.path}"
+            + (f", TensorBoard: {writer.tensorboard_dir}" if writer.tensorboard_dir else ""),
+        ]
+        if task.baseline is not None:
+            lines.append(f"baseline loss: {task.baseline:.4f}")
+        if step >= total:
+            lines.append(
+                f"run already complete at step {step}: delete {ckpt.directory} to start over"
+            )
+        self.print("\n".join(lines))
+
+    def _log_line(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        self.print(
+            f"step {step}/{total} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
+            f"grad_norm {metrics['grad_norm']:.3f} | {metrics['samples_per_s']:.0f} samples/s"
+        )
+
+    @contextlib.contextmanager
+    def _progress(self, total: int, start: int) -> Iterator[Any]:
+        """A rich progress bar on rank 0 when attached to a terminal; a no-op elsewhere."""
+        show = (
+            self.ctx.is_main_process
+            and self.job.run.progress
+            and not self.quiet
+            and sys.stdout.isatty()
+        )
+        if not show:
+            yield lambda: None
+            return
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            bar = progress.add_task("training", total=total, completed=start)
+            yield lambda: progress.advance(bar)
