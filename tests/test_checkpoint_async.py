@@ -406,46 +406,46 @@ import json, resource, signal, sys, torch
 from gpu_training.checkpoint import CheckpointError, CheckpointManager
 from gpu_training.ddp import DistributedContext
 
-directory, mode = sys.argv[1], sys.argv[2]
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us instead of EFBIG
 limit = 256 * 1024
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-ckpt = CheckpointManager(directory, ctx=DistributedContext(), keep_last_n=2)
-small = {s: torch.full((1000,), float(s)) for s in (1, 2)}
-for step, x in small.items():
-    ckpt.save({"x": x, "step": step}, step=step)
-big = {"x": torch.randn(1_000_000), "step": 3}  # 4 MB > the limit
-out = {"error": None}
-try:
-    if mode == "async":
-        returned = ckpt.save(big, step=3, async_save=True)
-        out["returned"] = str(returned)
-        ckpt.wait()
-    else:
-        ckpt.save(big, step=3)
-except CheckpointError as exc:
-    out["error"] = str(exc)
-    out["cause"] = repr(exc.__cause__)
-    out["torch_said"] = repr(exc.__cause__.__cause__)
-print(json.dumps(out))
+results = {}
+for mode in ("sync", "async"):
+    ckpt = CheckpointManager(f"{sys.argv[1]}/{mode}", ctx=DistributedContext(), keep_last_n=2)
+    for step in (1, 2):
+        ckpt.save({"x": torch.full((1000,), float(step)), "step": step}, step=step)
+    big = {"x": torch.randn(1_000_000), "step": 3}  # 4 MB > the limit
+    out = results[mode] = {"error": None}
+    try:
+        if mode == "async":
+            out["returned"] = str(ckpt.save(big, step=3, async_save=True))
+            ckpt.wait()
+        else:
+            ckpt.save(big, step=3)
+    except CheckpointError as exc:
+        out["error"] = str(exc)
+        out["cause"] = repr(exc.__cause__)
+        out["torch_said"] = repr(exc.__cause__.__cause__)
+print(json.dumps(results))
 """
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_file_size_limit_fails_cleanly_and_keeps_previous(tmp_path: Path, mode: str) -> None:
-    directory = tmp_path / "ck"
-    proc = run_python(["-c", _DISK_FULL_SCRIPT, str(directory), mode], timeout=90)
+def test_file_size_limit_fails_cleanly_and_keeps_previous(tmp_path: Path) -> None:
+    proc = run_python(["-c", _DISK_FULL_SCRIPT, str(tmp_path)], timeout=90)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["error"] is not None, out
-    assert out["error"].startswith(f"could not save step 3 to {directory}: OSError:")
-    assert "File too large" in out["error"] and "ulimit -f" in out["error"]
-    assert out["cause"] == "OSError(27, 'File too large')"  # the real error, not torch's
-    assert "unexpected pos" in out["torch_said"]  # which is kept as its cause
-    if mode == "async":
-        assert out["returned"] == str(directory / "step-00000003")
-    assert sorted(p.name for p in directory.iterdir()) == ["step-00000001", "step-00000002"]
-    ckpt = _manager(directory)
-    for step in (1, 2):
-        assert ckpt.verify(step) == []
-        _assert_same(ckpt.load(step), {"x": torch.full((1000,), float(step)), "step": step})
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for mode in ("sync", "async"):
+        out, directory = results[mode], tmp_path / mode
+        assert out["error"] is not None, (mode, out)
+        assert out["error"].startswith(f"could not save step 3 to {directory}: OSError:")
+        assert "File too large" in out["error"] and "ulimit -f" in out["error"]
+        assert out["cause"] == "OSError(27, 'File too large')"  # the real error, not torch's
+        assert "unexpected pos" in out["torch_said"]  # which is kept as its cause
+        if mode == "async":
+            assert out["returned"] == str(directory / "step-00000003")
+        # no temporary directory left, nothing pruned, the previous ones intact
+        assert sorted(p.name for p in directory.iterdir()) == ["step-00000001", "step-00000002"]
+        ckpt = _manager(directory)
+        for step in (1, 2):
+            assert ckpt.verify(step) == []
+            _assert_same(ckpt.load(step), {"x": torch.full((1000,), float(step)), "step": step})

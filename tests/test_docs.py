@@ -31,6 +31,11 @@ DOCTEST_MODULES = [
     "gpu_training.job",
     "gpu_training.reporting",
     "gpu_training.trainer",
+    "gpu_training.tasks",
+    "gpu_training.tasks.charlm",
+    "gpu_training.strategy",
+    "gpu_training.strategy.spec",
+    "gpu_training.preemption",
 ]
 
 

@@ -147,6 +147,8 @@ def test_find_blocks_names_the_missing_class_and_the_close_match() -> None:
     assert "its classes are: Block, GELU, LayerNorm, Linear, ModuleList, Net, Sequential" in text
     with pytest.raises(StrategyError, match="'Conv2d' not found"):
         find_blocks(Net(), {nn.Conv2d})
+    with pytest.raises(StrategyError, match="'Net' is the model itself"):
+        find_blocks(Net(), "Net")
 
 
 def test_detect_blocks_picks_the_largest_repeated_group() -> None:
@@ -646,3 +648,13 @@ def test_fsdp_bf16_stays_close_to_fp32(parity: list[dict[str, Any]]) -> None:
     assert r["kind"] == "FSDPCharTransformer" and r["checkpointed"] == 3
     assert 0 < r["diff"] <= BF16_TOL, f"bf16 vs fp32: {r['diff']:.2e}"
     assert r["norms"] == pytest.approx(r["ref_norms"], rel=5e-2)
+
+
+@pytest.mark.parametrize("module", ["__init__", "spec", "choose", "wrap", "deepspeed"])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    name = "gpu_training.strategy" + ("" if module == "__init__" else f".{module}")
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0, name

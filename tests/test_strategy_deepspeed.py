@@ -129,10 +129,14 @@ def _deepspeed_worker(labels: list[str]) -> dict[str, Any]:
 
 
 def _single_process_worker() -> dict[str, Any]:
-    """One rank, no launcher variables for DeepSpeed: a private process group is created."""
+    """A notebook: no launcher variables at all, so a private process group is created."""
+    import os
+
     import torch.distributed as dist
 
-    ctx = init_distributed()  # world size 1: a no-op
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        os.environ.pop(name, None)
+    ctx = init_distributed()  # one process: a no-op
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))

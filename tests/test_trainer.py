@@ -131,7 +131,8 @@ def _kill_tree(pid: int) -> None:
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"strategy__name": "dpp"}, "'strategy.name'"),
+        ({"strategy__name": "dpp"}, "unknown strategy 'dpp' (did you mean 'ddp'?)"),
+        ({"strategy__name": "deepspeed"}, "'strategy.name': 'deepspeed' is not supported"),
         ({"strategy__block_classes": ["Blok"]}, "Blok"),
         ({"training__lerning_rate": 0.1}, "did you mean 'learning_rate'"),
         (

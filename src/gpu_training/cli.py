@@ -387,17 +387,10 @@ def _under_launcher() -> bool:
 
 
 def _validate_job(job: Any) -> None:
-    """Catch bad tasks and block classes here, before any process starts or file is written."""
-    import torch
+    """Catch bad tasks and strategy options here, before any process starts or file is written."""
+    from gpu_training.trainer import check_job
 
-    from gpu_training.strategy import find_blocks
-    from gpu_training.trainer import build_task
-
-    task = build_task(job)
-    if job.strategy.block_classes:
-        with torch.device("meta"):  # no memory: only the module structure is needed
-            model = task.build_model()
-        find_blocks(model, job.strategy.block_classes)
+    check_job(job)
 
 
 def _launch_workers(args: argparse.Namespace) -> int:

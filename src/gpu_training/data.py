@@ -134,48 +134,48 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 class GlobalBatchSampler(Sampler[list[int]]):
     """Yields this rank's micro-batches of a world-size-invariant sequence of global batches.
 
-        Per epoch: a permutation of ``range(num_samples)`` from a private ``torch.Generator``
-        seeded with ``(seed, epoch)`` (the global RNG is never touched), cut into
-        ``steps_per_epoch`` global batches of ``global_batch_size``; for each, this rank yields
-        ``gradient_accumulation_steps`` lists of ``per_device_batch_size`` indices.
+    Per epoch: a permutation of ``range(num_samples)`` from a private ``torch.Generator``
+    seeded with ``(seed, epoch)`` (the global RNG is never touched), cut into
+    ``steps_per_epoch`` global batches of ``global_batch_size``; for each, this rank yields
+    ``gradient_accumulation_steps`` lists of ``per_device_batch_size`` indices.
 
-        Iteration rules (like :class:`~torch.utils.data.DistributedSampler`, the epoch only
-        changes through :meth:`set_epoch`):
+    Iteration rules (like :class:`~torch.utils.data.DistributedSampler`, the epoch only
+    changes through :meth:`set_epoch`):
 
-        * ``__iter__`` starts at :attr:`position`: after :meth:`load_state_dict` or
-          :meth:`set_position` at the restored step, after an abandoned iteration at the first
-          global step this rank did not finish.
-        * Once an iteration has run through the whole epoch, the next ``__iter__`` without
-          :meth:`set_epoch` replays the same epoch from step 0 (same order: call ``set_epoch``).
-          A *restored* position at the end of the epoch yields nothing, so resuming from a
-          checkpoint taken after the epoch's last step does not repeat the epoch.
-        * Use one iterator at a time; starting a new one detaches the old one from
-          :attr:`position`.
+    * ``__iter__`` starts at :attr:`position`: after :meth:`load_state_dict` or
+      :meth:`set_position` at the restored step, after an abandoned iteration at the first
+      global step this rank did not finish.
+    * Once an iteration has run through the whole epoch, the next ``__iter__`` without
+      :meth:`set_epoch` replays the same epoch from step 0 (same order: call ``set_epoch``).
+      A *restored* position at the end of the epoch yields nothing, so resuming from a
+      checkpoint taken after the epoch's last step does not repeat the epoch.
+    * Use one iterator at a time; starting a new one detaches the old one from
+      :attr:`position`.
 
-        Args:
-            num_samples: Size of the dataset.
-            global_batch_size: Samples per optimizer step over all ranks (``G``).
-            per_device_batch_size: Samples per micro-batch on one rank (``B``).
-            ctx: This process's rank and world size (default: ``DistributedContext.from_env()``).
-            seed: Seed of the per-epoch permutations; the same on every rank.
-            shuffle: Permute each epoch; False keeps dataset order (still cut into global batches).
+    Args:
+        num_samples: Size of the dataset.
+        global_batch_size: Samples per optimizer step over all ranks (``G``).
+        per_device_batch_size: Samples per micro-batch on one rank (``B``).
+        ctx: This process's rank and world size (default: ``DistributedContext.from_env()``).
+        seed: Seed of the per-epoch permutations; the same on every rank.
+        shuffle: Permute each epoch; False keeps dataset order (still cut into global batches).
 
-        Raises:
-            SamplerConfigError: If a size is not a positive integer, ``G > num_samples``, or ``G``
-                is not a multiple of ``world_size × B`` (the message says what would fit).
+    Raises:
+        SamplerConfigError: If a size is not a positive integer, ``G > num_samples``, or ``G``
+            is not a multiple of ``world_size × B`` (the message says what would fit).
 
-        Example:
-            >>> from gpu_training.ddp import DistributedContext
-            >>> sampler = GlobalBatchSampler(20, 8, 4, DistributedContext(), seed=1)
-            >>> batches = iter(sampler)
-            >>> first_step = [next(batches), next(batches)]  # A = 2 micro-batches of 4
-            >>> sampler.position, len(sampler)
-            (1, 2)
-            >>> state = sampler.state_dict()
-            >>> resumed = GlobalBatchSampler(20, 8, 8, DistributedContext(), seed=1)  # A = 1
-            >>> resumed.load_state_dict(state)
-            >>> sorted(next(iter(resumed))) == sorted(next(batches) + next(batches))
-            True
+    Example:
+        >>> from gpu_training.ddp import DistributedContext
+        >>> sampler = GlobalBatchSampler(20, 8, 4, DistributedContext(), seed=1)
+        >>> batches = iter(sampler)
+        >>> first_step = [next(batches), next(batches)]  # A = 2 micro-batches of 4
+        >>> sampler.position, len(sampler)
+        (1, 2)
+        >>> state = sampler.state_dict()
+        >>> resumed = GlobalBatchSampler(20, 8, 8, DistributedContext(), seed=1)  # A = 1
+        >>> resumed.load_state_dict(state)
+        >>> sorted(next(iter(resumed))) == sorted(next(batches) + next(batches))
+        True
     """
 
     def __init__(

@@ -5,7 +5,7 @@ A job has five sections, each a typed dataclass that checks itself::
     task: charlm                 # built-in task, or {model: "pkg.mod:build", data: "pkg.mod:build"}
     task_options: {n_layer: 4}   # the task's own options
     training:  {...}             # TrainingConfig: global batch, LR, precision, steps...
-    strategy:  {name: ddp}       # none | ddp | fsdp | deepspeed, and their options
+    strategy:  {name: ddp}       # StrategyConfig: none | ddp | fsdp | deepspeed, and options
     checkpoint: {every: 50}      # where, how often, how many to keep
     run: {output_dir: runs/demo} # logging, evaluation, metrics
 
@@ -20,7 +20,7 @@ Example:
     >>> JobConfig.from_dict({"strategy": {"name": "dpp"}})
     Traceback (most recent call last):
     ...
-    gpu_training.config.ConfigError: field 'strategy.name': expected one of none, ddp, fsdp, deepspeed, got 'dpp' (str) (did you mean 'ddp'?)
+    gpu_training.config.ConfigError: unknown strategy 'dpp' (did you mean 'ddp'?); expected one of none, ddp, fsdp, deepspeed
 """
 
 from __future__ import annotations
@@ -38,24 +38,20 @@ from typing import Any
 from gpu_training.config import (
     ConfigError,
     TrainingConfig,
-    _check_choice,
     _check_int,
     _check_optional_int,
     parse_override,
     read_config_file,
 )
+from gpu_training.strategy.spec import StrategyConfig
 
 __all__ = [
-    "STRATEGIES",
     "CheckpointSpec",
     "JobConfig",
     "RunSpec",
-    "StrategySpec",
     "TaskSpec",
     "load_job",
 ]
-
-STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp", "deepspeed")
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -112,55 +108,6 @@ class TaskSpec:
             raise ConfigError(
                 f"field 'task_options': expected a mapping, got {self.options!r}", "task_options"
             )
-
-
-@dataclass
-class StrategySpec:
-    """How the model is spread over the ranks (see ``gpu_training.strategy``)."""
-
-    name: str = "ddp"
-    """``none``, ``ddp``, ``fsdp`` or ``deepspeed``."""
-
-    block_classes: list[str] | None = None
-    """Class names of the blocks to shard / checkpoint (default: detect repeated blocks)."""
-
-    activation_checkpointing: bool = False
-    """Recompute each block's activations in backward instead of storing them."""
-
-    cpu_offload: bool = False
-    """FSDP: keep sharded parameters on the CPU. DeepSpeed: offload optimizer (and, stage 3,
-    parameters) to the CPU."""
-
-    sharding: str = "full"
-    """FSDP: ``full`` (shard over all ranks) or ``hybrid`` (shard within a node, replicate across)."""
-
-    zero_stage: int = 2
-    """DeepSpeed ZeRO stage (1, 2 or 3)."""
-
-    deepspeed_config: str | None = None
-    """A DeepSpeed JSON config whose ``"auto"`` values the toolkit fills in."""
-
-    def __post_init__(self) -> None:
-        _check_choice("strategy.name", self.name, STRATEGIES)
-        if self.block_classes is not None and (
-            not isinstance(self.block_classes, list)
-            or not all(isinstance(c, str) and c for c in self.block_classes)
-        ):
-            raise ConfigError(
-                "field 'strategy.block_classes': expected a list of class names, "
-                f"got {self.block_classes!r}",
-                "strategy.block_classes",
-            )
-        _check_bool("strategy.activation_checkpointing", self.activation_checkpointing)
-        _check_bool("strategy.cpu_offload", self.cpu_offload)
-        _check_choice("strategy.sharding", self.sharding, ("full", "hybrid"))
-        _check_int("strategy.zero_stage", self.zero_stage, 1)
-        if self.zero_stage > 3:
-            raise ConfigError(
-                f"field 'strategy.zero_stage': expected 1, 2 or 3, got {self.zero_stage}",
-                "strategy.zero_stage",
-            )
-        _check_str("strategy.deepspeed_config", self.deepspeed_config, optional=True)
 
 
 @dataclass
@@ -221,7 +168,7 @@ class RunSpec:
 
 
 _SECTIONS: dict[str, type] = {
-    "strategy": StrategySpec,
+    "strategy": StrategyConfig,
     "checkpoint": CheckpointSpec,
     "run": RunSpec,
 }
@@ -247,7 +194,7 @@ class JobConfig:
 
     task: TaskSpec = field(default_factory=TaskSpec)
     training: TrainingConfig = field(default_factory=TrainingConfig)
-    strategy: StrategySpec = field(default_factory=StrategySpec)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     run: RunSpec = field(default_factory=RunSpec)
 

@@ -59,7 +59,7 @@ from gpu_training.rng import seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.tasks import Task, resolve_task, task_from_imports
 
-__all__ = ["Callback", "Trainer", "TrainerState"]
+__all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
 
 
 @dataclass
@@ -98,6 +98,31 @@ def build_task(job: JobConfig) -> Task:
         return task_from_imports(spec.model, spec.data, spec.loss)
     assert spec.name is not None  # TaskSpec guarantees a name or both import strings
     return resolve_task(spec.name, spec.options)
+
+
+def check_job(job: JobConfig, task: Task | None = None) -> Task:
+    """Resolve the job's task and check its strategy options against the model's structure.
+
+    Cheap: the model is built on the ``meta`` device (no memory, no weights). Run it before
+    starting processes or writing files, so bad input fails first.
+
+    Raises:
+        ConfigError: (``TaskError``, ``StrategyError``) naming the offending field or name.
+    """
+    from gpu_training.strategy import StrategyError, find_blocks
+
+    if job.strategy.name == "deepspeed":
+        raise StrategyError(
+            "field 'strategy.name': 'deepspeed' is not supported by the Trainer yet; use "
+            "gpu_training.strategy.prepare() in your own loop, or strategy 'fsdp'",
+            "strategy.name",
+        )
+    task = task if task is not None else build_task(job)
+    if job.strategy.block_classes:
+        with torch.device("meta"):  # only the module structure is needed
+            model = task.build_model()
+        find_blocks(model, job.strategy.block_classes)
+    return task
 
 
 class Trainer:
@@ -206,9 +231,7 @@ class Trainer:
         cfg = job.training.for_world_size(ctx.world_size)
         self.config = cfg
         precision = resolve_precision(cfg.precision, device)
-        if self.task is None:
-            self.task = build_task(job)
-        task = self.task
+        self.task = task = check_job(job, self.task)
 
         seed_everything(cfg.seed)  # identical initial weights on every rank
         model = task.build_model().to(device)

@@ -1,7 +1,7 @@
-"""DeepSpeed ZeRO stages 1-3 (and CPU offload) from a TrainingConfig, through the ``deepspeed`` extra.
+"""DeepSpeed ZeRO 1-3 and CPU offload, configured from a TrainingConfig (``deepspeed`` extra).
 
-DeepSpeed configs in the wild carry ``"auto"`` placeholders that only Hugging Face's Trainer
-knows how to fill; handed to ``deepspeed.initialize`` as they are, they crash it. Here the
+DeepSpeed configs in the wild carry ``"auto"`` placeholders that Hugging Face's Trainer and
+Accelerate fill in; handed to ``deepspeed.initialize`` as they are, they crash it. Here the
 batch arithmetic, clipping, precision and learning rate come from the one
 :class:`~gpu_training.config.TrainingConfig`, so the two can never disagree::
 
@@ -410,7 +410,9 @@ def _ensure_process_group(ctx: DistributedContext) -> None:
             f"DeepSpeed on {ctx.world_size} ranks needs the process group: call "
             "gpu_training.ddp.init_distributed() first"
         )
-    # One process: a private in-memory store, so DeepSpeed needs no launcher variables or MPI.
+    # One process (a notebook): a private in-memory store instead of a rendezvous or MPI, and
+    # the one launcher variable DeepSpeed's engine insists on reading.
+    os.environ.setdefault("LOCAL_RANK", "0")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     from torch._C._distributed_c10d import HashStore
 
@@ -448,8 +450,9 @@ def deepspeed_initialize(
     """``deepspeed.initialize`` on an already-joined process group, with a checked config.
 
     Works after :func:`~gpu_training.ddp.init_distributed` (DeepSpeed then reuses the group;
-    gloo on CPU, nccl on GPUs) and in one process (a private one-rank group is created;
-    :func:`~gpu_training.ddp.cleanup_distributed` destroys it). On a CPU-only host
+    gloo on CPU, nccl on GPUs) and in one process without a launcher (a private one-rank
+    group is created, which :func:`~gpu_training.ddp.cleanup_distributed` destroys, and
+    ``LOCAL_RANK=0`` is set if unset). On a CPU-only host
     DeepSpeed's inference-only shared-memory op is not built unless ``build_cpu_comm_op``.
 
     Args:

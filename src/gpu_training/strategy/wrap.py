@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +134,12 @@ def find_blocks(
             hit = any(isinstance(m, spec) for m in present)
         if not hit:
             label = spec if isinstance(spec, str) else spec.__name__
+            if match(model):
+                raise StrategyError(
+                    f"block class {label!r} is the model itself: name the repeated blocks "
+                    "inside it (e.g. the transformer layer class)",
+                    "strategy.block_classes",
+                )
             classes = _class_names(model)
             raise StrategyError(
                 f"block class {label!r} not found in the model{did_you_mean(label, classes)}; "
@@ -307,7 +313,7 @@ def _cuda_index(device: torch.device) -> int:
 
 def wrap_model(
     model: nn.Module,
-    strategy: str | StrategyConfig = "ddp",
+    strategy: str | Mapping[str, Any] | StrategyConfig = "ddp",
     ctx: DistributedContext | None = None,
     *,
     device: torch.device | str | None = None,
@@ -336,7 +342,7 @@ def wrap_model(
 
     Args:
         model: The plain model (not yet wrapped).
-        strategy: A strategy name or a :class:`StrategyConfig`.
+        strategy: A strategy name, a mapping of options or a :class:`StrategyConfig`.
         ctx: This process's context (default: read from the environment).
         device: Where to train (default: :func:`~gpu_training.ddp.resolve_device`).
         block_classes: Classes or class names of the blocks; None uses
