@@ -8,7 +8,7 @@ EXTRAS ?= dev,monitor,plot,tensorboard
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-gpu lint format demo clean
+.PHONY: help install test test-gpu lint format demo bench clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
@@ -50,6 +50,9 @@ format: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/gpu-training train configs/ddp_config.yaml --nproc $(NPROC)
+
+bench: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_checkpoint.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

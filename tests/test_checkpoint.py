@@ -6,6 +6,7 @@ flipped bytes, a pickle whose payload really creates a file, a SIGKILLed writer)
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import json
@@ -477,7 +478,7 @@ def test_sigkill_mid_save_never_corrupts(tmp_path: Path) -> None:
     rng = random.Random(1234)
     base = torch.randn(5_000_000, generator=torch.Generator().manual_seed(0))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    for attempt in range(10):
+    for attempt in range(3):  # fresh interpreters; the 30-kill test below uses a forkserver
         proc = subprocess.Popen(
             [sys.executable, "-c", _WRITER, str(tmp_path)],
             stdout=subprocess.PIPE,
@@ -507,3 +508,60 @@ def test_sigkill_mid_save_never_corrupts(tmp_path: Path) -> None:
         assert state["step"] == step
         assert torch.equal(state["w"], base + step), f"attempt {attempt}: step {step} differs"
         assert all(ckpt.verify(p) == [] for p in ckpt.list_checkpoints())
+
+
+def _killable_writer(directory: str, conn: Any) -> None:
+    """Child process body: save step after step, reporting each committed step on ``conn``."""
+    base = torch.randn(1_000_000, generator=torch.Generator().manual_seed(1))  # 4 MB
+    ckpt = CheckpointManager(directory, ctx=DistributedContext(), keep_last_n=2)
+    last = ckpt.latest()
+    step = ckpt.manifest(last)["step"] + 1 if last else 1
+    while True:
+        ckpt.save({"w": base + step, "step": step}, step=step)
+        conn.send(step)
+        step += 1
+
+
+def test_sigkill_at_random_moments_30_times(tmp_path: Path) -> None:
+    """Promise 2, at the issue's count: 30 SIGKILLs at random moments of a save loop.
+
+    The writers come from a forkserver that imported torch once, so each attempt costs a
+    fraction of a second rather than a fresh interpreter's start-up (and no process forks
+    a parent whose thread pools are running).
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "gpu_training.checkpoint", "test_checkpoint"])
+    rng = random.Random(4321)
+    base = torch.randn(1_000_000, generator=torch.Generator().manual_seed(1))
+    kills_mid_save = 0
+    for attempt in range(30):
+        receiver, sender = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_killable_writer, args=(str(tmp_path), sender), daemon=True)
+        proc.start()
+        sender.close()
+        try:
+            assert receiver.poll(60), f"attempt {attempt}: the writer committed nothing"
+            time.sleep(rng.uniform(0.0, 0.08))
+        finally:
+            proc.kill()
+            proc.join(30)
+        reported = []
+        with contextlib.suppress(EOFError):
+            while receiver.poll(1):
+                reported.append(receiver.recv())
+        receiver.close()
+        last_reported = reported[-1]
+        kills_mid_save += bool(_tmp_dirs(tmp_path))  # a save was in flight when it died
+
+        ckpt = _manager(tmp_path)  # a restart: cleans stale temporary directories
+        assert _tmp_dirs(tmp_path) == [], f"attempt {attempt}: stale temporaries survived"
+        latest = ckpt.latest()
+        assert latest is not None, f"attempt {attempt}: no checkpoint survived"
+        step = ckpt.manifest(latest)["step"]
+        assert step >= last_reported, f"attempt {attempt}: committed step {last_reported} lost"
+        state = ckpt.load(latest)
+        assert state["step"] == step and torch.equal(state["w"], base + step)
+        assert all(ckpt.verify(p) == [] for p in ckpt.list_checkpoints())
+    assert kills_mid_save >= 10, f"only {kills_mid_save} of 30 kills landed mid-save"

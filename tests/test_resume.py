@@ -187,10 +187,10 @@ def test_interrupted_run_resumes_bitwise(tmp_path: Path, precision: str) -> None
 def test_world_size_invariance_and_resume_across_world_sizes(tmp_path: Path) -> None:
     total = 10
     kw = {"dropout": 0.0}
+    # 1 rank x 4 micro-steps vs 2 x 2 (4 x 1 is covered by tests/test_data.py).
     one = run_ranks(_train, 1, args=(str(tmp_path / "w1"), total, kw))[0]
     two = run_ranks(_train, 2, args=(str(tmp_path / "w2"), total, kw))[0]
-    four = run_ranks(_train, 4, args=(str(tmp_path / "w4"), total, kw), timeout=180)[0]
-    assert _max_diff(one, two) <= 1e-5 and _max_diff(one, four) <= 1e-5
+    assert _max_diff(one, two) <= 1e-5
     # Saved at 2 ranks, resumed at 1; and saved at 1, resumed at 2.
     for first, second, name in ((2, 1, "2to1"), (1, 2, "1to2")):
         ckpt = str(tmp_path / name)

@@ -56,6 +56,14 @@ _EXPORTS: dict[str, str] = {
     "restore_rng_state": "rng",
     "capture_training_state": "resume",
     "restore_training_state": "resume",
+    # preemption
+    "PreemptionHandler": "preemption",
+    "EXIT_PREEMPTED": "preemption",
+    "exit_preempted": "preemption",
+    # job / trainer
+    "JobConfig": "job",
+    "load_job": "job",
+    "Trainer": "trainer",
     # profiling
     "find_max_batch_size": "profiling",
     "search_max_batch_size": "profiling",
@@ -110,7 +118,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         train_one_epoch,
         unwrap_model,
     )
+    from gpu_training.job import JobConfig, load_job
     from gpu_training.launcher import multi_node_commands, single_node_command
+    from gpu_training.preemption import EXIT_PREEMPTED, PreemptionHandler, exit_preempted
     from gpu_training.profiling import (
         BatchSizeError,
         find_max_batch_size,
@@ -120,3 +130,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from gpu_training.resume import capture_training_state, restore_training_state
     from gpu_training.rng import capture_rng_state, restore_rng_state, seed_everything
     from gpu_training.schedule import linear_warmup_cosine_lr
+    from gpu_training.trainer import Trainer

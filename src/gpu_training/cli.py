@@ -406,6 +406,8 @@ def _launch_workers(args: argparse.Namespace) -> int:
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={args.nproc}",
+        # Without SIGUSR1 here (SLURM's warning signal) torchrun dies of it and orphans workers.
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
         "--module",
         "gpu_training",
         "train",

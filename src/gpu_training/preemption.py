@@ -8,7 +8,9 @@ Who sends what:
   still alive after its own grace period (30 s).
 - **SLURM**: ``sbatch --signal=USR1@90`` sends ``SIGUSR1`` 90 s before the time limit (use
   ``--signal=B:USR1@90`` to signal only the batch shell); at the limit, or on preemption,
-  SLURM sends ``SIGTERM`` and, ``KillWait`` seconds later, ``SIGKILL``.
+  SLURM sends ``SIGTERM`` and, ``KillWait`` seconds later, ``SIGKILL``. Under torchrun, add
+  ``--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1``: by default torchrun does
+  not handle ``SIGUSR1``, dies of it and leaves its workers running as orphans.
 
 A signal reaches a process at any point of a step, and not necessarily every rank (a node
 that is taken back signals only its own processes). :class:`PreemptionHandler` only records
