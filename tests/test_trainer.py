@@ -157,3 +157,20 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert len(lines) == 1 and lines[0].startswith("gpu-training: error: "), proc.stderr
     assert fragment in lines[0]
     assert not out.exists(), "nothing may be written on bad input"
+
+
+def test_fsdp_job_saves_sharded_and_resumes(tmp_path: Path) -> None:
+    config, out = _write_job(
+        tmp_path, strategy__name="fsdp", training__max_steps=4, checkpoint__every=2
+    )
+    first = _train(config, 2)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    step_dir = out / "checkpoints" / "step-00000004"
+    assert (step_dir / ".metadata").is_file() and (step_dir / "manifest.json").is_file()
+    job = yaml.safe_load(config.read_text())
+    job["training"]["max_steps"] = 6
+    config.write_text(yaml.safe_dump(job))
+    second = _train(config, 2)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "resumed from" in second.stdout and "(step 4)" in second.stdout
+    assert "step 6/6 | loss" in second.stdout

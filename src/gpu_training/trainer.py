@@ -55,7 +55,7 @@ from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
 from gpu_training.reporting import MetricsWriter, plot_metrics
 from gpu_training.resume import capture_training_state, restore_training_state
-from gpu_training.rng import seed_everything
+from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.tasks import Task, resolve_task, task_from_imports
 
@@ -364,7 +364,7 @@ class Trainer:
                         ckpt, wrapped, optimizer, scheduler, amp, sampler, generators, step, sharded
                     )
         finally:
-            ckpt.wait() if hasattr(ckpt, "wait") else None
+            ckpt.wait()  # an async save in flight must commit before the run ends
             writer.close()
         summary = {
             "step": float(step),
@@ -410,19 +410,17 @@ class Trainer:
     ) -> int:
         if not self.job.checkpoint.resume or ckpt.latest() is None:
             return 0
-        if sharded:
+        if sharded:  # model and optimizer come back resharded; the rest is plain state
             extra = ckpt.load_sharded(model, optimizer)
-            state = {**extra, "model_state": None}
             step = int(extra["step"])
             scheduler.load_state_dict(extra["scheduler_state"])
             amp.load_state_dict(extra["amp_state"])
             sampler.load_state_dict(extra["sampler_state"])
-            from gpu_training.rng import restore_rng_state
-
             rng = extra.get("rng_states") or []
             if self.ctx.rank < len(rng):
                 restore_rng_state(rng[self.ctx.rank], generators)
-            del state
+            else:
+                seed_everything(self.config.seed + 1_000_003 * step, rank=self.ctx.rank)
         else:
             step = restore_training_state(
                 ckpt.load(),
@@ -451,8 +449,6 @@ class Trainer:
         sharded: bool,
     ) -> Path | None:
         if sharded:
-            from gpu_training.rng import gather_rng_states
-
             extra = {
                 "step": step,
                 "scheduler_state": scheduler.state_dict(),
