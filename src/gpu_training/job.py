@@ -141,7 +141,8 @@ class RunSpec:
     """Metrics (``metrics.jsonl``), plots, TensorBoard events and (by default) checkpoints."""
 
     log_every: int = 10
-    """Reduce metrics over ranks and log them every this many optimizer steps."""
+    """Reduce metrics over ranks and log them every this many optimizer steps; a preemption
+    signal (SIGTERM/SIGUSR1) is acted on at these steps too."""
 
     eval_every: int = 100
     """Evaluate on the validation set every this many steps (and at the end)."""
