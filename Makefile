@@ -15,6 +15,7 @@ help:
 	@echo "make test      run the whole test suite"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
+	@echo "make bench     checkpoint and Trainer benchmarks (tables + benchmarks/results/*.json)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,7 @@ demo: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_checkpoint.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_trainer.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
