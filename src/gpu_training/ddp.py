@@ -18,8 +18,12 @@ Every helper here that talks to other ranks is called by every rank; only
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import sys
+import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -197,18 +201,72 @@ def resolve_device(ctx: DistributedContext) -> torch.device:
     return torch.device("cpu")
 
 
+def _drop_group_defaults(fn: types.FunctionType) -> None:
+    """Replace ProcessGroup default arguments of ``fn`` with None (the current default group)."""
+    defaults = fn.__defaults__
+    if defaults and any(isinstance(d, dist.ProcessGroup) for d in defaults):
+        fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d for d in defaults)
+    kwdefaults = fn.__kwdefaults__
+    if kwdefaults and any(isinstance(v, dist.ProcessGroup) for v in kwdefaults.values()):
+        fn.__kwdefaults__ = {
+            k: None if isinstance(v, dist.ProcessGroup) else v for k, v in kwdefaults.items()
+        }
+
+
+def _release_group_defaults() -> None:
+    """Drop the destroyed groups that torch modules captured as ``group=group.WORLD`` defaults.
+
+    ``torch.distributed.nn.functional`` (imported by DDP's constructor), FSDP's
+    ``ShardedGradScaler`` and ZeRO's helpers evaluate ``group.WORLD`` when they are imported;
+    imported after ``init_process_group`` they keep the default group, and with it gloo's
+    worker threads, alive after ``destroy_process_group()``. None means "the default group"
+    to all of them, so this also stops them pointing at a destroyed group after a re-init.
+    """
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("torch.distributed"):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):  # sys.modules may hold stand-in objects
+            continue
+        for obj in list(namespace.values()):
+            # type() checks only: some module attributes warn on any attribute access.
+            if issubclass(type(obj), type) and vars(obj).get("__module__") == name:
+                members = [
+                    m.__func__ if type(m) in (staticmethod, classmethod) else m
+                    for m in list(vars(obj).values())
+                ]
+            else:
+                members = [obj]
+            for fn in members:
+                if type(fn) is types.FunctionType and fn.__module__ == name:
+                    _drop_group_defaults(fn)
+
+
 def cleanup_distributed() -> None:
-    """Destroy the process group; safe to call more than once and in exception handlers.
+    """Destroy the process group and its backend threads; idempotent, safe in ``finally``.
 
     A barrier comes first: without it gloo ranks that finish at different times abort at
     exit. If a peer is already gone the barrier fails, and the group is destroyed anyway.
+    Then the references torch itself keeps to the destroyed group are dropped, so the gloo
+    backend (and its worker threads) is freed here, while the interpreter is fully alive,
+    and not during interpreter shutdown. Free DDP-wrapped models before calling this: a DDP
+    model that is still referenced keeps the group alive (its reducer holds it).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
+    default_group = dist.group.WORLD
+    world = weakref.ref(default_group) if default_group is not None else None
+    del default_group
     with contextlib.suppress(Exception):
         dist.barrier()
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
+    if dist.is_initialized():
+        return  # destroy failed: the groups are still in use, leave their defaults alone
+    # Gloo threads alive at interpreter shutdown can abort the process (DESIGN.md, exit abort).
+    _release_group_defaults()
+    if world is not None and world() is not None:
+        gc.collect()  # only a reference cycle can still hold it; a full collection costs ~0.1 s
 
 
 def make_distributed_sampler(
