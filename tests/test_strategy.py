@@ -494,7 +494,7 @@ def test_build_deepspeed_config_errors(
 # --- shipped configs ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["ddp_config.yaml", "fsdp_config.yaml"])
+@pytest.mark.parametrize("name", ["ddp_config.yaml", "fsdp_config.yaml", "deepspeed_job.yaml"])
 def test_shipped_yaml_configs_validate(name: str) -> None:
     data = read_config_file(CONFIGS / name)
     assert {"task", "training", "strategy", "checkpoint"} <= set(data)
@@ -502,6 +502,11 @@ def test_shipped_yaml_configs_validate(name: str) -> None:
     assert training.for_world_size(2).effective_batch_size == data["training"]["global_batch_size"]
     spec = parse_strategy(data["strategy"], source=name)
     assert spec.name == name.split("_")[0]
+    if spec.name == "deepspeed":  # its JSON is found next to it, and fills completely
+        ds = build_deepspeed_config(
+            CONFIGS / str(spec.deepspeed_config), training.for_world_size(2), stage=spec.zero_stage
+        )
+        assert not find_auto_values(ds) and ds["zero_optimization"]["stage"] == spec.zero_stage
     if spec.name == "fsdp":
         assert spec.block_classes == ("Block",) and training.precision == "bf16"
         # The blocks named there exist in the built-in task's model.
@@ -513,7 +518,10 @@ def test_shipped_yaml_configs_validate(name: str) -> None:
     job = job_module.load_job(CONFIGS / name)
     from_job = parse_strategy(job.strategy)
     for key in data["strategy"]:
-        assert getattr(from_job, key) == getattr(spec, key), key
+        if key != "deepspeed_config":  # resolved against the job file's directory
+            assert getattr(from_job, key) == getattr(spec, key), key
+    if spec.deepspeed_config is not None:
+        assert Path(str(from_job.deepspeed_config)).is_file()
 
 
 # --- multi-rank parity ----------------------------------------------------------------------

@@ -456,6 +456,13 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[_Parser]], None], ...] 
     _add_ckpt_parser,
 )
 
+_COMMAND_MODULES: tuple[str, ...] = ()
+"""Modules under ``gpu_training.commands`` that add subcommands of their own.
+
+Each one defines ``register(subparsers) -> None`` (same contract as the ``_add_*``
+functions here) and imports nothing heavy at module level, so ``--help`` stays fast.
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``gpu-training`` argument parser with every subcommand registered.
@@ -474,6 +481,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(subparsers)
+    import importlib
+
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"gpu_training.commands.{name}").register(subparsers)
     return parser
 
 

@@ -296,10 +296,19 @@ def load_job(
 ) -> JobConfig:
     """Load a job file and apply ``section.field=value`` overrides (``--set``).
 
+    A relative ``strategy.deepspeed_config`` in the file is found next to the file (as
+    written in a shipped config) when it is not found from the working directory.
+
     Raises:
         ConfigError: For an unreadable file or any invalid field; the message names the file.
     """
     data = read_config_file(path)
+    strategy = data.get("strategy")
+    if isinstance(strategy, dict) and isinstance(strategy.get("deepspeed_config"), str):
+        ds = Path(strategy["deepspeed_config"])
+        beside = Path(path).parent / ds
+        if not ds.is_absolute() and not ds.exists() and beside.exists():
+            strategy["deepspeed_config"] = str(beside)
     for text in overrides:
         key, value = parse_override(text)
         _set_path(data, key, value)

@@ -27,7 +27,7 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,14 +38,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from gpu_training.amp import MixedPrecisionTrainer, resolve_precision, should_step
+from gpu_training.amp import MixedPrecisionTrainer, resolve_precision
 from gpu_training.checkpoint import CheckpointManager
 from gpu_training.config import TrainingConfig
 from gpu_training.data import GlobalBatchSampler
 from gpu_training.ddp import (
     DistributedContext,
     cleanup_distributed,
-    gradient_sync,
     init_distributed,
     move_to_device,
     reduce_scalar_dict,
@@ -57,6 +56,7 @@ from gpu_training.reporting import MetricsWriter, plot_metrics
 from gpu_training.resume import capture_training_state, restore_training_state
 from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
+from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, resolve_task, task_from_imports
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
@@ -112,17 +112,59 @@ def check_job(job: JobConfig, task: Task | None = None) -> Task:
     from gpu_training.strategy import StrategyError, find_blocks
 
     if job.strategy.name == "deepspeed":
-        raise StrategyError(
-            "field 'strategy.name': 'deepspeed' is not supported by the Trainer yet; use "
-            "gpu_training.strategy.prepare() in your own loop, or strategy 'fsdp'",
-            "strategy.name",
-        )
+        _check_deepspeed_job(job, StrategyError)
     task = task if task is not None else build_task(job)
     if job.strategy.block_classes:
         with torch.device("meta"):  # only the module structure is needed
             model = task.build_model()
         find_blocks(model, job.strategy.block_classes)
     return task
+
+
+def _check_deepspeed_job(job: JobConfig, error: type[Exception]) -> None:
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("deepspeed") is None:
+        raise error(
+            "field 'strategy.name': 'deepspeed' needs the deepspeed extra "
+            "(pip install 'gpu-training[deepspeed]')",
+            "strategy.name",
+        )
+    path = job.strategy.deepspeed_config
+    if path is None:
+        return
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise error(
+            f"field 'strategy.deepspeed_config': cannot read {path}: {exc}",
+            "strategy.deepspeed_config",
+        ) from None
+    if isinstance(raw, dict) and "scheduler" in raw:
+        # Two schedulers would both set the LR; the Trainer's is the one checkpoints restore.
+        raise error(
+            f"field 'strategy.deepspeed_config': {path} has a 'scheduler' section; the Trainer "
+            "drives the learning rate itself (training.warmup_steps, training.min_lr_ratio): "
+            "remove it",
+            "strategy.deepspeed_config",
+        )
+
+
+@dataclass
+class _Run:
+    """The objects a step loop, a checkpoint and a resume share."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    amp: MixedPrecisionTrainer | None
+    """None under DeepSpeed (the engine owns precision and clipping)."""
+    sampler: GlobalBatchSampler
+    generators: dict[str, torch.Generator]
+    kind: str
+    """Checkpoint kind: ``plain`` (full state from rank 0), ``dcp`` (FSDP) or ``deepspeed``."""
+    engine: Any = None
 
 
 class Trainer:
@@ -164,20 +206,25 @@ class Trainer:
         if self.ctx.is_main_process and not self.quiet:
             print(message, flush=True)
 
-    def _wrap(self, model: nn.Module, device: torch.device, precision: str) -> nn.Module:
-        from gpu_training.strategy import wrap_model
+    def _prepare(
+        self, model: nn.Module, device: torch.device, cfg: TrainingConfig, total: int
+    ) -> Prepared:
+        def make_optimizer(params: Any) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(
+                params,
+                lr=cfg.scaled_learning_rate,
+                weight_decay=cfg.weight_decay,
+                fused=device.type == "cuda",
+            )
 
-        spec = self.job.strategy
-        return wrap_model(
+        return prepare(
             model,
-            spec.name,
+            self.job.strategy,
             self.ctx,
+            cfg,
             device=device,
-            block_classes=spec.block_classes,
-            mixed_precision=precision,
-            activation_checkpointing=spec.activation_checkpointing,
-            cpu_offload=spec.cpu_offload,
-            sharding=spec.sharding,
+            optimizer=make_optimizer,
+            total_steps=total,
         )
 
     def _evaluate(
@@ -185,7 +232,7 @@ class Trainer:
         model: nn.Module,
         loader: DataLoader[Any],
         device: torch.device,
-        amp: MixedPrecisionTrainer,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]],
     ) -> dict[str, float]:
         """Mean validation loss over every rank's shard (weighted by micro-batches)."""
         assert self.task is not None
@@ -198,7 +245,7 @@ class Trainer:
                 if limit is not None and i >= limit:
                     break
                 inputs, targets = move_to_device(batch, device)
-                with amp.autocast():
+                with autocast():
                     total += self.task.loss_fn(model(inputs), targets).double()
                 count += 1
         model.train()
@@ -256,28 +303,30 @@ class Trainer:
                 f"{cfg.effective_batch_size}: lower training.global_batch_size"
             )
 
-        # FSDP's MixedPrecisionPolicy casts parameters itself: no autocast on top for bf16.
-        amp_precision = "fp32" if job.strategy.name == "fsdp" and precision == "bf16" else precision
-        wrapped = self._wrap(model, device, precision)
-        optimizer = torch.optim.AdamW(
-            wrapped.parameters(),
-            lr=cfg.scaled_learning_rate,
-            weight_decay=cfg.weight_decay,
-            fused=device.type == "cuda",
+        prepared = self._prepare(model, device, cfg, total)
+        wrapped, steps = prepared.model, prepared.steps
+        scheduler = linear_warmup_cosine_lr(
+            prepared.optimizer, cfg.warmup_steps, total, cfg.min_lr_ratio
         )
-        scheduler = linear_warmup_cosine_lr(optimizer, cfg.warmup_steps, total, cfg.min_lr_ratio)
-        accum = sampler.gradient_accumulation_steps
-        amp = MixedPrecisionTrainer(optimizer, amp_precision, accum, cfg.max_grad_norm, device)
         ckpt = CheckpointManager(
             job.checkpoint_dir,
             ctx=ctx,
             keep_last_n=job.checkpoint.keep_last_n,
             config_hash=job.config_hash(),
         )
-        sharded = job.strategy.name == "fsdp"
-        generators = {"loader": loader_gen}
+        kinds = {"fsdp": "dcp", "deepspeed": "deepspeed"}
+        run = _Run(
+            model=wrapped,
+            optimizer=prepared.optimizer,
+            scheduler=scheduler,
+            amp=prepared.trainer,
+            sampler=sampler,
+            generators={"loader": loader_gen},
+            kind=kinds.get(job.strategy.name, "plain"),
+            engine=prepared.engine,
+        )
         seed_everything(cfg.seed, rank=ctx.rank)  # per-rank streams (dropout)
-        step = self._resume(ckpt, wrapped, optimizer, scheduler, amp, sampler, generators, sharded)
+        step = self._resume(ckpt, run)
         self.state = TrainerState(step=step, total_steps=total)
 
         out_dir = Path(job.run.output_dir)
@@ -298,13 +347,13 @@ class Trainer:
                 while step < total and not self.state.preempted:
                     for micro, batch in enumerate(loader):
                         inputs, targets = move_to_device(batch, device)
-                        with gradient_sync(wrapped, enabled=should_step(micro, accum)):
-                            with amp.autocast():
+                        with steps.sync(micro):
+                            with steps.autocast():
                                 loss = task.loss_fn(wrapped(inputs), targets)
-                            amp.backward(loss)
+                            steps.backward(loss)
                         window_loss += loss.detach().double()
                         window_micro += 1
-                        norm = amp.step(wrapped.parameters(), micro)
+                        norm = steps.step(micro)
                         if norm is None:
                             continue
                         scheduler.step()
@@ -321,7 +370,7 @@ class Trainer:
                                 lr=float(scheduler.get_last_lr()[0]),
                                 grad_norm=norm_sum / max(1, norm_count),
                                 samples_per_s=samples / max(elapsed, 1e-9),
-                                skipped_steps=float(amp.skipped_steps),
+                                skipped_steps=float(run.amp.skipped_steps if run.amp else 0),
                             )
                             if math.isnan(first_loss):
                                 first_loss = metrics["loss"]
@@ -335,7 +384,7 @@ class Trainer:
                         if val_loader is not None and (
                             step % job.run.eval_every == 0 or step == total
                         ):
-                            val = self._evaluate(wrapped, val_loader, device, amp)
+                            val = self._evaluate(wrapped, val_loader, device, steps.autocast)
                             self.state.val_metrics = val
                             writer.write("val", step, val)
                             self.print(f"step {step}/{total} | val loss {val['loss']:.4f}")
@@ -344,10 +393,7 @@ class Trainer:
                         # steps on every rank; a scheduler's warning leaves ample time.
                         stop = step % job.run.log_every == 0 and preemption.should_stop()
                         if step % job.checkpoint.every == 0 or step == total or stop:
-                            path = self._save(
-                                ckpt, wrapped, optimizer, scheduler, amp, sampler, generators,
-                                step, sharded,
-                            )  # fmt: skip
+                            path = self._save(ckpt, run, step)
                             last_saved = step
                             self._emit("on_checkpoint", path)
                         if stop:
@@ -362,9 +408,7 @@ class Trainer:
                     else:
                         sampler.set_epoch(sampler.epoch + 1)
                 if step > last_saved:  # e.g. resumed at the end: nothing new to save
-                    self._save(
-                        ckpt, wrapped, optimizer, scheduler, amp, sampler, generators, step, sharded
-                    )
+                    self._save(ckpt, run, step)
         finally:
             ckpt.wait()  # an async save in flight must commit before the run ends
             writer.close()
@@ -382,7 +426,7 @@ class Trainer:
             if png is not None:
                 self.print(f"plot: {png}")
         self._emit("on_train_end", summary)
-        del wrapped, model  # free DDP's reducer before the group is destroyed (DESIGN.md)
+        del wrapped, model, run, prepared  # free DDP's reducer before the group goes (DESIGN.md)
         return {k: float(v) for k, v in summary.items()}
 
     # --- pieces of the run --------------------------------------------------------------
@@ -399,77 +443,63 @@ class Trainer:
             )
         return DataLoader(val_ds, batch_size=cfg.per_device_batch_size, sampler=sampler)
 
-    def _resume(
-        self,
-        ckpt: CheckpointManager,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        amp: MixedPrecisionTrainer,
-        sampler: GlobalBatchSampler,
-        generators: dict[str, torch.Generator],
-        sharded: bool,
-    ) -> int:
+    def _resume(self, ckpt: CheckpointManager, run: _Run) -> int:
         if not self.job.checkpoint.resume or ckpt.latest() is None:
             return 0
-        if sharded:  # model and optimizer come back resharded; the rest is plain state
-            extra = ckpt.load_sharded(model, optimizer)
-            step = int(extra["step"])
-            scheduler.load_state_dict(extra["scheduler_state"])
-            amp.load_state_dict(extra["amp_state"])
-            sampler.load_state_dict(extra["sampler_state"])
-            rng = extra.get("rng_states") or []
-            if self.ctx.rank < len(rng):
-                restore_rng_state(rng[self.ctx.rank], generators)
-            else:
-                seed_everything(self.config.seed + 1_000_003 * step, rank=self.ctx.rank)
-        else:
+        if run.kind == "plain":
             step = restore_training_state(
                 ckpt.load(),
                 self.ctx,
-                model,
-                optimizer,
-                scheduler=scheduler,
-                amp=amp,
-                sampler=sampler,
-                generators=generators,
+                run.model,
+                run.optimizer,
+                scheduler=run.scheduler,
+                amp=run.amp,
+                sampler=run.sampler,
+                generators=run.generators,
                 seed=self.config.seed,
             )
+        else:  # model and optimizer come back through their own format; the rest is plain
+            if run.kind == "deepspeed":
+                extra = ckpt.load_deepspeed(run.engine)
+            else:
+                extra = ckpt.load_sharded(run.model, run.optimizer)
+            step = int(extra["step"])
+            run.scheduler.load_state_dict(extra["scheduler_state"])
+            if run.amp is not None:
+                run.amp.load_state_dict(extra["amp_state"])
+            run.sampler.load_state_dict(extra["sampler_state"])
+            rng = extra.get("rng_states") or []
+            if self.ctx.rank < len(rng):
+                restore_rng_state(rng[self.ctx.rank], run.generators)
+            else:
+                seed_everything(self.config.seed + 1_000_003 * step, rank=self.ctx.rank)
         self.print(f"resumed from {ckpt.latest()} (step {step})")
         return step
 
-    def _save(
-        self,
-        ckpt: CheckpointManager,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        amp: MixedPrecisionTrainer,
-        sampler: GlobalBatchSampler,
-        generators: dict[str, torch.Generator],
-        step: int,
-        sharded: bool,
-    ) -> Path | None:
-        if sharded:
-            extra = {
-                "step": step,
-                "scheduler_state": scheduler.state_dict(),
-                "amp_state": amp.state_dict(),
-                "sampler_state": sampler.state_dict(),
-                "rng_states": gather_rng_states(self.ctx, generators),
-            }
-            return ckpt.save_sharded(model, optimizer, step, extra=extra)
-        state = capture_training_state(
-            self.ctx,
-            model,
-            optimizer,
-            step=step,
-            scheduler=scheduler,
-            amp=amp,
-            sampler=sampler,
-            generators=generators,
-        )
-        return ckpt.save(state, step=step)
+    def _save(self, ckpt: CheckpointManager, run: _Run, step: int) -> Path | None:
+        if run.kind == "plain":
+            state = capture_training_state(
+                self.ctx,
+                run.model,
+                run.optimizer,
+                step=step,
+                scheduler=run.scheduler,
+                amp=run.amp,
+                sampler=run.sampler,
+                generators=run.generators,
+            )
+            return ckpt.save(state, step=step)
+        extra: dict[str, Any] = {
+            "step": step,
+            "scheduler_state": run.scheduler.state_dict(),
+            "sampler_state": run.sampler.state_dict(),
+            "rng_states": gather_rng_states(self.ctx, run.generators),
+        }
+        if run.amp is not None:
+            extra["amp_state"] = run.amp.state_dict()
+        if run.kind == "deepspeed":
+            return ckpt.save_deepspeed(run.engine, step, extra=extra)
+        return ckpt.save_sharded(run.model, run.optimizer, step, extra=extra)
 
     def _announce(
         self,

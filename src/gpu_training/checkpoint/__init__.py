@@ -7,6 +7,8 @@
   ``torch.distributed.checkpoint``: ``CheckpointManager.save_sharded`` / ``load_sharded``, same
   layout and guarantees, loadable on any world size. Imported on first use (DCP costs ~1 s of
   import time). Sharded checkpoints are trusted input only.
+- :mod:`~gpu_training.checkpoint.zero` — DeepSpeed engine checkpoints
+  (``CheckpointManager.save_deepspeed`` / ``load_deepspeed``) committed the same way.
 - :mod:`~gpu_training.checkpoint.offline` — read-only :func:`find_checkpoint`,
   :func:`read_manifest`, :func:`verify_checkpoints` for any checkpoint directory, and
   :func:`consolidate` into one ``.safetensors`` / ``.pt`` file for an unwrapped model.
@@ -18,6 +20,7 @@ CheckpointManager`` is the import to use.
 from __future__ import annotations
 
 from gpu_training.checkpoint.manager import (
+    DEEPSPEED_FORMAT,
     EXTRA_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -41,6 +44,7 @@ from gpu_training.checkpoint.offline import (
 
 __all__ = [
     "CONSOLIDATED_SUFFIXES",
+    "DEEPSPEED_FORMAT",
     "EXTRA_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",

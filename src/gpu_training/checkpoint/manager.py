@@ -79,6 +79,8 @@ MANIFEST_NAME = "manifest.json"
 STATE_NAME = "state.pt"
 SHARDED_FORMAT = "dcp"
 """``manifest["state_format"]`` of a sharded (DCP) checkpoint (checkpoint/sharded.py)."""
+DEEPSPEED_FORMAT = "deepspeed"
+"""``manifest["state_format"]`` of a DeepSpeed engine checkpoint (checkpoint/zero.py)."""
 EXTRA_NAME = "extra.pt"
 """The file of a sharded checkpoint holding its ``extra`` state (rank 0's copy)."""
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
@@ -1171,6 +1173,45 @@ class CheckpointManager:
         from gpu_training.checkpoint.sharded import load_sharded
 
         return load_sharded(self, model, optimizer, path_or_step)
+
+    def save_deepspeed(
+        self, engine: Any, step: int, *, extra: Mapping[str, Any] | None = None
+    ) -> Path | None:
+        """Saves a DeepSpeed engine's checkpoint; every rank. See :func:`.zero.save_deepspeed`.
+
+        Args:
+            engine: The ``DeepSpeedEngine``.
+            step: The step number (>= 0).
+            extra: Plain state to resume with; rank 0's copy.
+
+        Returns:
+            The checkpoint directory on rank 0, None on the other ranks.
+
+        Raises:
+            CheckpointError: On every rank if any rank failed; nothing is pruned.
+        """
+        from gpu_training.checkpoint.zero import save_deepspeed
+
+        return save_deepspeed(self, engine, step, extra=extra)
+
+    def load_deepspeed(
+        self, engine: Any, path_or_step: str | os.PathLike[str] | int | None = None
+    ) -> dict[str, Any]:
+        """Loads a DeepSpeed checkpoint into ``engine``; every rank. See :func:`.zero.load_deepspeed`.
+
+        Args:
+            engine: The ``DeepSpeedEngine`` to fill.
+            path_or_step: A checkpoint directory, a step number, or None for the newest.
+
+        Returns:
+            The ``extra`` state saved with it (empty dict if none).
+
+        Raises:
+            CheckpointError: On every rank if there is none, it is damaged or mismatched.
+        """
+        from gpu_training.checkpoint.zero import load_deepspeed
+
+        return load_deepspeed(self, engine, path_or_step)
 
     def __repr__(self) -> str:
         return (

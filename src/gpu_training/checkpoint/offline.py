@@ -46,6 +46,7 @@ import torch
 
 from gpu_training.checkpoint.manager import (
     _STEP_RE,
+    DEEPSPEED_FORMAT,
     EXTRA_NAME,
     MANIFEST_NAME,
     SHARDED_FORMAT,
@@ -72,7 +73,7 @@ CONSOLIDATED_SUFFIXES = (".safetensors", ".pt", ".pth")
 
 
 def state_format(manifest: Mapping[str, Any]) -> str:
-    """``"dcp"`` for a sharded checkpoint, ``"torch"`` for a plain one.
+    """``"dcp"`` for a sharded checkpoint, ``"deepspeed"`` for DeepSpeed's, ``"torch"`` else.
 
     Args:
         manifest: A checkpoint's parsed ``manifest.json``.
@@ -210,6 +211,12 @@ def _full_state(step_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"model_state": loaded.get("model")}
         if "optim" in loaded:
             out["optimizer_state"] = loaded["optim"]
+        if (step_dir / EXTRA_NAME).exists():
+            out["extra"] = load_plain(step_dir / EXTRA_NAME)
+    elif state_format(manifest) == DEEPSPEED_FORMAT:
+        from gpu_training.checkpoint.zero import deepspeed_model_state  # imports DeepSpeed
+
+        out = {"model_state": deepspeed_model_state(step_dir)}
         if (step_dir / EXTRA_NAME).exists():
             out["extra"] = load_plain(step_dir / EXTRA_NAME)
     else:

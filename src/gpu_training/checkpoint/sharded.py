@@ -51,7 +51,7 @@ import re
 import shutil
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -78,12 +78,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from gpu_training.checkpoint.manager import (
+    DEEPSPEED_FORMAT,
     EXTRA_NAME,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
     SHARDED_FORMAT,
-    STATE_NAME,
     CheckpointError,
     _check_step,
     _file_crc32,
@@ -101,7 +101,8 @@ if TYPE_CHECKING:
 __all__ = ["EXTRA_NAME", "SHARDED_FORMAT", "load_everything", "load_sharded", "save_sharded"]
 
 _DCP_METADATA = ".metadata"
-_RANK_FILE_RE = re.compile(r"__(\d+)_")  # DCP names rank r's files "__r_<n>.distcp"
+# DCP names rank r's files "__r_<n>.distcp"; DeepSpeed "[bf16_]zero_pp_rank_r_mp_rank_00_*.pt"
+_RANK_FILE_RE = re.compile(r"__(\d+)_|zero_pp_rank_(\d+)_")
 _CAUGHT = (Exception, CheckpointException)  # CheckpointException is a BaseException
 _NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
@@ -387,8 +388,8 @@ def _own_files(tmp: Path, ctx: DistributedContext) -> list[dict[str, Any]]:
     with os.scandir(tmp) as found:
         names = sorted(e.name for e in found if e.is_file(follow_symlinks=False))
     for name in names:
-        match = _RANK_FILE_RE.match(name)
-        owner = int(match.group(1)) % ctx.world_size if match else 0
+        match = _RANK_FILE_RE.search(name)
+        owner = int(match.group(1) or match.group(2)) % ctx.world_size if match else 0
         if owner != ctx.rank:
             continue
         file = tmp / name
@@ -404,12 +405,12 @@ def _own_files(tmp: Path, ctx: DistributedContext) -> list[dict[str, Any]]:
 
 
 def _manifest(
-    manager: CheckpointManager, step: int, entries: list[dict[str, Any]]
+    manager: CheckpointManager, step: int, entries: list[dict[str, Any]], fmt: str
 ) -> dict[str, Any]:
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "state_format": SHARDED_FORMAT,
+        "state_format": fmt,
         "step": step,
         "world_size": manager.ctx.world_size,
         "config_hash": manager.config_hash,
@@ -426,6 +427,7 @@ def _commit_sharded(
     step: int,
     entries: list[dict[str, Any]],
     written: set[str],
+    fmt: str = SHARDED_FORMAT,
 ) -> Path:
     """Rank 0: cross-checks the ranks' files, writes the manifest last, renames."""
     listed = {str(e["name"]) for e in entries}
@@ -438,12 +440,12 @@ def _commit_sharded(
             f"{manager.directory} on a file system every rank shares?"
         )
     if not written <= listed:
-        raise CheckpointError(f"DCP's metadata names files not in {tmp}: {written - listed}")
+        raise CheckpointError(f"the writer names files not in {tmp}: {written - listed}")
     for entry in entries:
         size = (tmp / str(entry["name"])).stat().st_size
         if size != entry["size"]:
             raise CheckpointError(f"{tmp / entry['name']}: {size} bytes, expected {entry['size']}")
-    manifest = _manifest(manager, step, entries)
+    manifest = _manifest(manager, step, entries, fmt)
     # the manifest is written last: without it the directory is not a checkpoint
     with open(tmp / MANIFEST_NAME, "wb") as f:
         f.write(json.dumps(manifest, indent=2).encode())
@@ -489,6 +491,54 @@ def save_sharded(
         ValueError: If ``step`` is not an integer >= 0.
         TypeError: If ``extra`` is not a mapping.
     """
+    state: dict[str, Any] = {}
+
+    def gather() -> None:
+        state.update(_training_state(model, optimizer))
+        _check_plain(list(_plain_leaves(state)), "the model and optimizer state")
+
+    def write(tmp: Path) -> set[str]:
+        with _quiet_single_process():
+            metadata = dcp.save(state, storage_writer=FileSystemWriter(tmp))
+        return {info.relative_path for info in (metadata.storage_data or {}).values()}
+
+    return save_directory(manager, step, write, SHARDED_FORMAT, extra=extra, prepare=gather)
+
+
+def save_directory(
+    manager: CheckpointManager,
+    step: int,
+    write: Callable[[Path], set[str]],
+    fmt: str,
+    *,
+    extra: Mapping[str, Any] | None = None,
+    prepare: Callable[[], None] | None = None,
+) -> Path | None:
+    """The commit protocol of a checkpoint that every rank writes files into; every rank.
+
+    Rank 0 makes a locked temporary directory and shares its name; ``prepare()`` runs on
+    every rank (and rank 0 writes ``extra``) — an error there reaches every rank before any
+    collective in ``write``; ``write(tmp)`` writes this rank's files into ``tmp`` (flat) and
+    returns the names it knows were written (checked to exist); each rank checksums its own
+    files; rank 0 writes the manifest (``"state_format": fmt``) last, renames, prunes.
+
+    Args:
+        manager: Where and how to save.
+        step: The step number (>= 0).
+        write: Writes the state into the directory it is given; called on every rank.
+        fmt: The manifest's ``state_format``.
+        extra: Plain state saved by rank 0 in ``extra.pt`` (``weights_only``-loadable).
+        prepare: Work that may fail per rank before ``write``'s collectives start.
+
+    Returns:
+        The checkpoint directory on rank 0, None on the other ranks.
+
+    Raises:
+        CheckpointError: On every rank if any rank failed; the temporary directory is
+            removed and nothing is pruned.
+        ValueError: If ``step`` is not an integer >= 0.
+        TypeError: If ``extra`` is not a mapping.
+    """
     _check_step(step)
     if extra is not None and not isinstance(extra, Mapping):
         raise TypeError(f"extra must be a mapping (a dict), got {type(extra).__name__}")
@@ -509,28 +559,25 @@ def save_sharded(
         name = _settle(ctx, setup, what, tmp.name if tmp is not None else None)[0]
         shared_tmp = manager.directory / str(name)
 
-        state: dict[str, Any] = {}
-        with _Attempt() as prepare:
-            state = _training_state(model, optimizer)
-            _check_plain(list(_plain_leaves(state)), "the model and optimizer state")
+        with _Attempt() as gather:
+            if prepare is not None:
+                prepare()
             if ctx.is_main_process and extra is not None:
                 _write_extra(shared_tmp, extra)
-        _settle(ctx, prepare, what)  # before dcp.save: its collectives need every rank
+        _settle(ctx, gather, what)  # before write: its collectives need every rank
 
         written: set[str] = set()
         entries: list[dict[str, Any]] = []
-        with _Attempt() as write:
-            with _quiet_single_process():
-                metadata = dcp.save(state, storage_writer=FileSystemWriter(shared_tmp))
-            written = {info.relative_path for info in (metadata.storage_data or {}).values()}
+        with _Attempt() as attempt:
+            written = write(shared_tmp)
             entries = _own_files(shared_tmp, ctx)
-        every = _settle(ctx, write, what, entries)
+        every = _settle(ctx, attempt, what, entries)
 
         final: Path | None = None
         with _Attempt() as commit:
             if ctx.is_main_process:
                 final = _commit_sharded(
-                    manager, shared_tmp, step, [e for es in every for e in es], written
+                    manager, shared_tmp, step, [e for es in every for e in es], written, fmt
                 )
                 committed = True
                 manager._prune(keep=final)  # only after a commit; failures there only warn
@@ -571,8 +618,25 @@ def _verify_shared(ctx: DistributedContext, path: Path, manifest: dict[str, Any]
     return [p for rank_problems in every for p in rank_problems]
 
 
+_FORMAT_LOADERS = {
+    SHARDED_FORMAT: "CheckpointManager.load_sharded()",
+    DEEPSPEED_FORMAT: "CheckpointManager.load_deepspeed()",
+}
+
+
+_FORMAT_NAMES = {SHARDED_FORMAT: "sharded (DCP)", DEEPSPEED_FORMAT: "DeepSpeed"}
+
+
+def _loader_for(fmt: str) -> str:
+    return _FORMAT_LOADERS.get(fmt, "CheckpointManager.load()")
+
+
+def _kind(fmt: str) -> str:
+    return _FORMAT_NAMES.get(fmt, "plain")
+
+
 def _candidates(
-    manager: CheckpointManager, path_or_step: str | os.PathLike[str] | int | None
+    manager: CheckpointManager, path_or_step: str | os.PathLike[str] | int | None, fmt: str
 ) -> list[tuple[Path, dict[str, Any]]]:
     """Rank 0's view: (step dir, manifest) to try, newest first; raises if there are none."""
     if path_or_step is not None:
@@ -580,20 +644,60 @@ def _candidates(
         manifest, problems = _inspect(path, checksums=False)
         if manifest is None or problems:
             raise CheckpointError(f"refusing to load {path}: " + "; ".join(problems))
-        if state_format(manifest) != SHARDED_FORMAT:
+        found = state_format(manifest)
+        if found != fmt:
             raise CheckpointError(
-                f"{path} is a plain checkpoint ({STATE_NAME}): load it with "
-                "CheckpointManager.load(), not load_sharded()"
+                f"{path} is a {_kind(found)} checkpoint, not {_kind(fmt)}: load it with "
+                f"{_loader_for(found)}, not {_loader_for(fmt)}"
             )
         return [(path, manifest)]
-    found = []
+    found_dirs = []
     for _, path in reversed(manager._step_dirs()):
         manifest, problems = _inspect(path, checksums=False)
-        if manifest is not None and not problems and state_format(manifest) == SHARDED_FORMAT:
-            found.append((path, manifest))
-    if not found:
-        raise CheckpointError(f"no committed sharded checkpoint in {manager.directory}")
-    return found
+        if manifest is not None and not problems and state_format(manifest) == fmt:
+            found_dirs.append((path, manifest))
+    if not found_dirs:
+        raise CheckpointError(f"no committed {_kind(fmt)} checkpoint in {manager.directory}")
+    return found_dirs
+
+
+def choose_verified(
+    manager: CheckpointManager, path_or_step: str | os.PathLike[str] | int | None, fmt: str
+) -> Path:
+    """The checkpoint of format ``fmt`` to load, its checksums verified; every rank.
+
+    Each rank checksums a share of the files. With no ``path_or_step`` the newest one that
+    verifies is taken, with a warning about newer ones that do not.
+
+    Raises:
+        CheckpointError: On every rank, if there is none, or the one asked for is damaged
+            or of another format.
+    """
+    ctx = manager.ctx
+    what = f"could not load a {_kind(fmt)} checkpoint from {manager.directory}"
+    candidates: list[tuple[Path, dict[str, Any]]] = []
+    with _Attempt() as find:
+        if ctx.is_main_process:
+            candidates = _candidates(manager, path_or_step, fmt)
+    candidates = _settle(ctx, find, what, candidates)[0]
+
+    skipped: list[str] = []
+    for path, manifest in candidates:
+        problems = _verify_shared(ctx, path, manifest)
+        if not problems:
+            if skipped and ctx.is_main_process:
+                warnings.warn(
+                    f"loading {path}; skipped newer checkpoints that failed verification: "
+                    + "; ".join(skipped),
+                    stacklevel=4,
+                )
+            return path
+        if path_or_step is not None:
+            raise CheckpointError(f"refusing to load {path}: " + "; ".join(problems))
+        skipped += problems
+    raise CheckpointError(
+        f"no valid {fmt!r} checkpoint in {manager.directory}: " + "; ".join(skipped)
+    )
 
 
 def load_sharded(
@@ -629,33 +733,7 @@ def load_sharded(
     """
     ctx = manager.ctx
     _distributed(ctx)
-    what = f"could not load a sharded checkpoint from {manager.directory}"
-    candidates: list[tuple[Path, dict[str, Any]]] = []
-    with _Attempt() as find:
-        if ctx.is_main_process:
-            candidates = _candidates(manager, path_or_step)
-    candidates = _settle(ctx, find, what, candidates)[0]
-
-    chosen: Path | None = None
-    skipped: list[str] = []
-    for path, manifest in candidates:
-        problems = _verify_shared(ctx, path, manifest)
-        if not problems:
-            chosen = path
-            break
-        if path_or_step is not None:
-            raise CheckpointError(f"refusing to load {path}: " + "; ".join(problems))
-        skipped += problems
-    if chosen is None:
-        raise CheckpointError(
-            f"no valid sharded checkpoint in {manager.directory}: " + "; ".join(skipped)
-        )
-    if skipped and ctx.is_main_process:
-        warnings.warn(
-            f"loading {chosen}; skipped newer checkpoints that failed verification: "
-            + "; ".join(skipped),
-            stacklevel=3,
-        )
+    chosen = choose_verified(manager, path_or_step, SHARDED_FORMAT)
     what = f"could not load {chosen}"
 
     state: dict[str, Any] = {}

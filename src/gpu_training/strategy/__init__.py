@@ -8,7 +8,7 @@
   detection, activation checkpointing, :class:`StepFns`.
 - :mod:`~gpu_training.strategy.deepspeed` — :func:`build_deepspeed_config` (fills every
   ``"auto"``) and :func:`deepspeed_initialize`.
-- :mod:`~gpu_training.strategy.prepare` — :func:`prepare`: model, optimizer and step
+- :mod:`~gpu_training.strategy.prepared` — :func:`prepare`: model, optimizer and step
   functions in one call, for every strategy.
 
 Names resolve lazily, so ``from gpu_training.strategy import choose_strategy`` does not import
@@ -54,9 +54,9 @@ _EXPORTS: dict[str, str] = {
     "deepspeed_step_fns": "deepspeed",
     "find_auto_values": "deepspeed",
     # prepare
-    "Prepared": "prepare",
-    "default_optimizer": "prepare",
-    "prepare": "prepare",
+    "Prepared": "prepared",
+    "default_optimizer": "prepared",
+    "prepare": "prepared",
 }
 
 __all__ = [
@@ -120,7 +120,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         deepspeed_step_fns,
         find_auto_values,
     )
-    from gpu_training.strategy.prepare import Prepared, default_optimizer, prepare
+    from gpu_training.strategy.prepared import Prepared, default_optimizer, prepare
     from gpu_training.strategy.spec import (
         OFFLOAD_MODES,
         SHARDINGS,

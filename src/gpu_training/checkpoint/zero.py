@@ -1,0 +1,189 @@
+"""DeepSpeed (ZeRO 1/2/3) checkpoints with the same layout and guarantees as every other kind.
+
+DeepSpeed writes its own files — ``mp_rank_00_model_states.pt`` (or one model shard per rank
+under ZeRO-3) and one ``[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per rank — with
+``engine.save_checkpoint``. Here they are written into the toolkit's temporary step directory
+and committed like a sharded checkpoint (:func:`~gpu_training.checkpoint.sharded.save_directory`):
+every rank checksums its own files, rank 0 writes ``manifest.json`` last
+(``"state_format": "deepspeed"``) and renames ``step-XXXXXXXX/`` into place, so a DeepSpeed
+run killed mid-save resumes from the previous complete checkpoint, as any other run does.
+DeepSpeed's ``latest`` file is not written: :meth:`CheckpointManager.latest` is the truth.
+
+Trust: DeepSpeed loads its files with ``torch.load(weights_only=False)``; treat DeepSpeed
+checkpoint directories as **trusted input only** (like DCP's). ``extra.pt`` (sampler, RNG,
+scheduler...) is still read with ``weights_only=True``. For weights to share, consolidate into
+``.safetensors`` (``gpu-training ckpt consolidate``).
+
+Example:
+    >>> ckpt = CheckpointManager("checkpoints", ctx=ctx)  # doctest: +SKIP
+    >>> ckpt.save_deepspeed(engine, step, extra={"step": step})  # every rank  # doctest: +SKIP
+    >>> extra = ckpt.load_deepspeed(engine)  # same world size  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpu_training.checkpoint.manager import DEEPSPEED_FORMAT, EXTRA_NAME, CheckpointError
+from gpu_training.checkpoint.offline import load_plain
+from gpu_training.checkpoint.sharded import (
+    _Attempt,
+    _distributed,
+    _settle,
+    choose_verified,
+    save_directory,
+)
+
+if TYPE_CHECKING:
+    from gpu_training.checkpoint.manager import CheckpointManager
+
+__all__ = ["DEEPSPEED_FORMAT", "deepspeed_model_state", "load_deepspeed", "save_deepspeed"]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """DeepSpeed logs a line per file on every rank; only errors should reach the user."""
+    import logging
+
+    logger = logging.getLogger("DeepSpeed")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def save_deepspeed(
+    manager: CheckpointManager,
+    engine: Any,
+    step: int,
+    *,
+    extra: Mapping[str, Any] | None = None,
+) -> Path | None:
+    """Writes a DeepSpeed engine's checkpoint atomically; every rank.
+
+    Usually called as ``manager.save_deepspeed(engine, step, extra=...)``.
+
+    Args:
+        manager: Where and how to save (directory, rank identity, ``keep_last_n``).
+        engine: The ``DeepSpeedEngine`` (from :func:`~gpu_training.strategy.deepspeed_initialize`).
+        step: The step number (>= 0); an existing checkpoint of that step is replaced.
+        extra: Plain state to resume with (step, sampler, RNG...): rank 0's copy is saved.
+
+    Returns:
+        The checkpoint directory on rank 0, None on the other ranks.
+
+    Raises:
+        CheckpointError: On every rank if any rank failed; nothing is pruned.
+    """
+
+    def write(tmp: Path) -> set[str]:
+        with _quiet():
+            # save_dir/tag is the temporary directory itself: DeepSpeed's files land flat in it.
+            engine.save_checkpoint(str(tmp.parent), tag=tmp.name, save_latest=False)
+        return set()
+
+    return save_directory(manager, step, write, DEEPSPEED_FORMAT, extra=extra)
+
+
+def load_deepspeed(
+    manager: CheckpointManager,
+    engine: Any,
+    path_or_step: str | os.PathLike[str] | int | None = None,
+) -> dict[str, Any]:
+    """Loads a DeepSpeed checkpoint into ``engine`` (model, optimizer, its scheduler); every rank.
+
+    The checksums are verified first (each rank a share of the files); with no
+    ``path_or_step`` the newest DeepSpeed checkpoint that verifies is taken. Load on the
+    world size it was saved with (DeepSpeed's optimizer shards are per rank); for another
+    world size, consolidate the weights and start a new optimizer.
+
+    Args:
+        manager: The checkpoint directory and this rank's identity.
+        engine: The ``DeepSpeedEngine`` to fill (same model and ZeRO stage).
+        path_or_step: A checkpoint directory, a step number, or None for the newest.
+
+    Returns:
+        The ``extra`` state saved with the checkpoint (an empty dict if there was none).
+
+    Raises:
+        CheckpointError: On every rank, if there is none, it fails verification, was saved
+            on another world size, or DeepSpeed could not load it.
+    """
+    ctx = manager.ctx
+    _distributed(ctx)
+    chosen = choose_verified(manager, path_or_step, DEEPSPEED_FORMAT)
+    what = f"could not load {chosen}"
+    extra: dict[str, Any] = {}
+    with _Attempt() as check:
+        manifest_world = _saved_world_size(chosen)
+        if manifest_world != ctx.world_size:
+            raise CheckpointError(
+                f"{chosen} was saved by {manifest_world} DeepSpeed ranks and this run has "
+                f"{ctx.world_size}: DeepSpeed's optimizer shards load on the same world size "
+                "only (consolidate the weights with 'gpu-training ckpt consolidate' to change it)"
+            )
+    _settle(ctx, check, what)
+    with _Attempt() as load:
+        with _quiet():
+            path, _ = engine.load_checkpoint(
+                str(chosen.parent),
+                tag=chosen.name,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+        if path is None:
+            raise CheckpointError(f"DeepSpeed found no checkpoint files in {chosen}")
+        if (chosen / EXTRA_NAME).exists():
+            extra = load_plain(chosen / EXTRA_NAME)
+    _settle(ctx, load, what)
+    return extra
+
+
+def _saved_world_size(step_dir: Path) -> int:
+    import json
+
+    from gpu_training.checkpoint.manager import MANIFEST_NAME
+
+    manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
+    return int(manifest["world_size"])
+
+
+def deepspeed_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
+    """The full fp32 weights of a DeepSpeed ZeRO checkpoint, gathered from every rank's shards.
+
+    Offline, in one process (DeepSpeed's ``zero_to_fp32``). Trusted input only.
+
+    Args:
+        step_dir: A committed ``step-XXXXXXXX`` directory of format ``"deepspeed"``.
+
+    Returns:
+        ``{name: tensor}`` as the unwrapped model's ``state_dict`` names them.
+
+    Raises:
+        CheckpointError: If the deepspeed extra is missing or the files cannot be read.
+    """
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as exc:
+        raise CheckpointError(
+            f"{step_dir} is a DeepSpeed checkpoint: reading it needs the deepspeed extra "
+            "(pip install 'gpu-training[deepspeed]')"
+        ) from exc
+    try:
+        with _quiet():
+            state = get_fp32_state_dict_from_zero_checkpoint(
+                str(step_dir.parent), tag=step_dir.name
+            )
+    except Exception as exc:
+        raise CheckpointError(f"could not read {step_dir}: {type(exc).__name__}: {exc}") from exc
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
