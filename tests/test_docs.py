@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dist_harness import run_python
 
@@ -68,3 +69,17 @@ def test_module_doctests(name: str) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
     assert result.failed == 0, f"{result.failed} doctest(s) failed in {name}"
     assert result.attempted > 0, f"{name} has no docstring examples"
+
+
+_YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[p.name for p in DOCS])
+def test_doc_yaml_strategy_sections_validate(doc: Path) -> None:
+    """Every ```yaml block with a ``strategy`` section is a valid strategy (as a job's is)."""
+    from gpu_training.strategy import parse_strategy
+
+    for block in _YAML_BLOCK.findall(doc.read_text(encoding="utf-8")):
+        data = yaml.safe_load(block)
+        if isinstance(data, dict) and "strategy" in data:
+            parse_strategy(data["strategy"], source=doc.name)
