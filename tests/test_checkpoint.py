@@ -565,3 +565,42 @@ def test_sigkill_at_random_moments_30_times(tmp_path: Path) -> None:
         assert state["step"] == step and torch.equal(state["w"], base + step)
         assert all(ckpt.verify(p) == [] for p in ckpt.list_checkpoints())
     assert kills_mid_save >= 10, f"only {kills_mid_save} of 30 kills landed mid-save"
+
+
+def test_directory_fsync_comes_before_any_old_checkpoint_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename's durability is deferred, but never past the removal of an older one."""
+    import gpu_training.checkpoint.manager as manager_module
+
+    events: list[str] = []
+    real_fsync_dir, real_rmtree = manager_module._fsync_dir, manager_module.shutil.rmtree
+
+    def fsync_dir(path: Path) -> None:
+        if Path(path) == tmp_path / "ck":
+            events.append("fsync checkpoint dir")
+        real_fsync_dir(path)
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        if "prune-" in str(path):
+            events.append("remove old")
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "_fsync_dir", fsync_dir)
+    monkeypatch.setattr(manager_module.shutil, "rmtree", rmtree)
+    ckpt = CheckpointManager(tmp_path / "ck", ctx=DistributedContext(), keep_last_n=1)
+    ckpt.save({"w": torch.ones(2)}, step=1)
+    assert "fsync checkpoint dir" not in events  # deferred: nothing depends on it yet
+    ckpt.save({"w": torch.ones(2)}, step=2)
+    assert events.index("fsync checkpoint dir") < events.index("remove old"), events
+    events.clear()
+    ckpt.save({"w": torch.ones(2)}, step=3)
+    ckpt.close()  # the fsync before the removal already covered step 3's rename
+    assert events == ["fsync checkpoint dir", "remove old"], events
+    assert [p.name for p in ckpt.list_checkpoints()] == ["step-00000003"]
+    keep_all = CheckpointManager(tmp_path / "ck", ctx=DistributedContext(), keep_last_n=None)
+    events.clear()
+    keep_all.save({"w": torch.ones(2)}, step=4)
+    assert events == []
+    keep_all.wait()  # nothing pending, but the rename is made durable here
+    assert events == ["fsync checkpoint dir"]

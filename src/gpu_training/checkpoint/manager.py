@@ -4,9 +4,12 @@ A checkpoint is a directory ``DIR/step-00001234/`` holding ``state.pt`` (one ``t
 and ``manifest.json``, written last: format version, step, world size, config hash, UTC
 creation time, and each file's size and CRC32. A directory without a valid manifest does not
 exist for :meth:`CheckpointManager.latest`. A save goes to ``DIR/.tmp-step-00001234-<random>/``,
-every file is fsynced, then the directory is renamed into place and its parent fsynced, so a
-crash (SIGKILL, power loss, full disk) at any moment leaves the previous checkpoints intact and
-at worst a ``.tmp-*`` directory that :meth:`CheckpointManager.clean_stale` removes.
+every file is fsynced, then the directory is renamed into place, so a crash (SIGKILL, power
+loss, full disk) at any moment leaves the previous checkpoints intact and at worst a ``.tmp-*``
+directory that :meth:`CheckpointManager.clean_stale` removes. The parent directory is fsynced
+(making the rename itself durable) before any older checkpoint is pruned, and by ``wait()``,
+``close()`` and at exit; until then a power loss can only make the newest checkpoint not exist,
+never half-exist.
 
 Loading uses ``torch.load(..., weights_only=True)`` after checking sizes and checksums against
 the manifest, so nothing in a checkpoint is unpickled as an arbitrary object.
@@ -27,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import ctypes
 import errno
@@ -603,6 +607,7 @@ class CheckpointManager:
         self.keep_last_n = keep_last_n
         self.config_hash = config_hash
         self._pending: _SaveOutcome | None = None
+        self._unsynced_commit = False  # rank 0: a rename not yet made durable (_sync_directory)
         self._staging: _Buffers = {}  # host buffers of the last async snapshot, for the next
         if self.ctx.is_main_process:
             self.clean_stale()
@@ -868,10 +873,12 @@ class CheckpointManager:
         """
         outcome = self._pending
         if outcome is None:
+            self._sync_directory()
             return None
         if outcome.thread is not None:
             outcome.thread.join()
         self._pending = None  # before raising: the error is reported once, the next save runs
+        self._sync_directory()
         return self._conclude(outcome)
 
     def close(self) -> None:
@@ -907,10 +914,12 @@ class CheckpointManager:
         """Joins the writer without a collective; a failure becomes a warning, not an error."""
         outcome, self._pending = self._pending, None
         _WITH_PENDING_SAVES.discard(self)
+        if outcome is not None and outcome.thread is not None:
+            outcome.thread.join()
+        with contextlib.suppress(OSError):
+            self._sync_directory()
         if outcome is None:
             return
-        if outcome.thread is not None:
-            outcome.thread.join()
         if outcome.failure is not None:
             warnings.warn(
                 f"asynchronous checkpoint of step {outcome.step} was not saved: {outcome.failure}",
@@ -1069,9 +1078,12 @@ class CheckpointManager:
                             job.exception()
                     for job in jobs:
                         job.result()
-            # everything in tmp is durable: one rename makes it a checkpoint
+            # everything in tmp is durable: one rename makes it a checkpoint. Making the rename
+            # itself durable (a directory fsync: a second journal commit, ~15-25% of a 41 MB
+            # save) is deferred until something depends on it: see _sync_directory.
             self._commit(tmp, final)
-            _fsync_dir(self.directory)
+            self._unsynced_commit = True
+            _WITH_PENDING_SAVES.add(self)  # so that exit makes it durable too
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -1107,11 +1119,26 @@ class CheckpointManager:
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
 
+    def _sync_directory(self) -> None:
+        """Makes the last commit's rename durable (fsync of the checkpoint directory).
+
+        Called before an older checkpoint is removed (a power loss must never leave fewer
+        complete checkpoints than before), by :meth:`wait`, :meth:`close` and at exit. Until
+        then a crash of the process loses nothing (the rename is done), and a power loss can
+        only take the newest checkpoint back to not existing — never half-written.
+        """
+        if self._unsynced_commit:
+            _fsync_dir(self.directory)
+            self._unsynced_commit = False
+
     def _prune(self, keep: Path) -> None:
         """Removes committed checkpoints older than the newest ``keep_last_n`` (not ``keep``)."""
         if self.keep_last_n is None:
             return
-        for path in self.list_checkpoints()[: -self.keep_last_n]:
+        doomed_paths = [p for p in self.list_checkpoints()[: -self.keep_last_n] if p != keep]
+        if doomed_paths:
+            self._sync_directory()  # the new checkpoint is durable before an old one goes
+        for path in doomed_paths:
             if path == keep:
                 continue
             doomed = path.with_name(f"{_TMP_PREFIX}prune-{path.name}-{secrets.token_hex(4)}")
