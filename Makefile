@@ -52,7 +52,9 @@ format: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/gpu-training train configs/ddp_config.yaml --nproc $(NPROC)
 
+# The bench extra (Accelerate, Lightning Fabric) puts them in the Trainer table, side by side.
 bench: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[bench]"
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_checkpoint.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_trainer.py
 

@@ -72,7 +72,18 @@ from gpu_training.trainer import Trainer  # noqa: E402
 
 GOALS = {"charlm": 1.03, "mlp": 1.10}
 MODELS = ("charlm", "mlp")
-KINDS = ("trainer", "manual")
+BASE_KINDS = ("trainer", "helpers", "manual")
+FRAMEWORKS = {"accelerate": "accelerate", "fabric": "lightning_fabric"}
+"""Other tools measured on the same model and data when installed (the ``bench`` extra)."""
+
+
+def available_kinds() -> tuple[str, ...]:
+    """The loops to time: ours, the hand-written one, and each framework that is installed."""
+    from importlib.util import find_spec
+
+    return BASE_KINDS + tuple(k for k, mod in FRAMEWORKS.items() if find_spec(mod) is not None)
+
+
 WORLD_SIZES = (1, 2)
 CHARLM_OPTIONS = {"n_layer": 2, "n_embd": 128, "n_head": 4, "block_size": 64, "dropout": 0.0}
 MLP_SHAPE = (32, 64, 10)  # inputs, hidden, classes
@@ -242,9 +253,127 @@ def run_manual(task: Task, model_name: str, plan: Plan, world: int) -> tuple[flo
     return clock.timing(plan.steps, plan.warmup)
 
 
+def _torch_parts(
+    task: Task, model_name: str, plan: Plan, world: int
+) -> tuple[Any, nn.Module, Any, torch.optim.Optimizer, Any]:
+    """The config, model, dataset, AdamW and warmup-cosine ``LambdaLR`` every loop starts from."""
+    cfg = job_for(model_name, plan, world, "unused").training.for_world_size(world)
+    torch.manual_seed(cfg.seed)
+    model = task.build_model()
+    train_ds, _ = task.build_data()
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.scaled_learning_rate, weight_decay=cfg.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine_factor(s, cfg.warmup_steps, plan.steps, 0.0)
+    )
+    return cfg, model, train_ds, optimizer, scheduler
+
+
+def run_helpers(task: Task, model_name: str, plan: Plan, world: int) -> tuple[float, float]:
+    """The toolkit's helpers in a hand-written loop: ``prepare`` + ``GlobalBatchSampler``."""
+    from gpu_training.data import GlobalBatchSampler
+    from gpu_training.ddp import DistributedContext, reduce_scalar_dict
+    from gpu_training.schedule import linear_warmup_cosine_lr
+    from gpu_training.strategy import prepare
+
+    ctx = DistributedContext.from_env()
+    cfg = job_for(model_name, plan, world, "unused").training.for_world_size(world)
+    clock = StepClock(task.loss_fn)
+    torch.manual_seed(cfg.seed)
+    run = prepare(task.build_model(), "ddp" if world > 1 else "none", ctx, cfg)
+    scheduler = linear_warmup_cosine_lr(run.optimizer, cfg.warmup_steps, plan.steps, 0.0)
+    train_ds, _ = task.build_data()
+    sampler = GlobalBatchSampler(
+        len(train_ds), cfg.effective_batch_size, cfg.per_device_batch_size, ctx, seed=cfg.seed
+    )
+    loader = DataLoader(train_ds, batch_sampler=sampler)
+    step = 0
+    while step < plan.steps:
+        for micro, (inputs, targets) in enumerate(loader):
+            with run.steps.sync(micro), run.steps.autocast():
+                loss = clock(run.model(inputs), targets)
+            run.steps.backward(loss)
+            if run.steps.step_async(micro) is None:
+                continue
+            scheduler.step()
+            step += 1
+            if step % plan.log_every == 0 or step == plan.steps:
+                reduce_scalar_dict({"loss": loss.detach()}, ctx)
+            if step >= plan.steps:
+                break
+        sampler.set_epoch(sampler.epoch + 1)
+    return clock.timing(plan.steps, plan.warmup)
+
+
+def run_accelerate(task: Task, model_name: str, plan: Plan, world: int) -> tuple[float, float]:
+    """HF Accelerate's documented loop on the same model, data, optimizer and schedule."""
+    from accelerate import Accelerator
+
+    cfg, model, train_ds, optimizer, scheduler = _torch_parts(task, model_name, plan, world)
+    clock = StepClock(task.loss_fn)
+    accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
+    loader = DataLoader(
+        train_ds, batch_size=cfg.per_device_batch_size, shuffle=True, drop_last=True
+    )
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    step = 0
+    while step < plan.steps:
+        for inputs, targets in loader:
+            loss = clock(model(inputs), targets)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % plan.log_every == 0 or step == plan.steps:
+                _ = float(accelerator.reduce(loss.detach(), "mean"))
+            if step >= plan.steps:
+                break
+    return clock.timing(plan.steps, plan.warmup)
+
+
+def run_fabric(task: Task, model_name: str, plan: Plan, world: int) -> tuple[float, float]:
+    """Lightning Fabric's documented loop on the same model, data, optimizer and schedule."""
+    from lightning_fabric import Fabric
+
+    cfg, model, train_ds, optimizer, scheduler = _torch_parts(task, model_name, plan, world)
+    clock = StepClock(task.loss_fn)
+    fabric = Fabric(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp" if world > 1 else "auto",
+        precision="32-true",
+    )
+    fabric.launch()  # under torchrun: joins the existing process group, starts nothing
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(
+        DataLoader(train_ds, batch_size=cfg.per_device_batch_size, shuffle=True, drop_last=True)
+    )
+    step = 0
+    while step < plan.steps:
+        for inputs, targets in loader:
+            loss = clock(model(inputs), targets)
+            fabric.backward(loss)
+            fabric.clip_gradients(model, optimizer, max_norm=1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % plan.log_every == 0 or step == plan.steps:
+                _ = float(fabric.all_reduce(loss.detach(), reduce_op="mean"))
+            if step >= plan.steps:
+                break
+    return clock.timing(plan.steps, plan.warmup)
+
+
 RUNNERS: dict[str, Callable[[Task, str, Plan, int], tuple[float, float]]] = {
     "trainer": run_trainer,
+    "helpers": run_helpers,
     "manual": run_manual,
+    "accelerate": run_accelerate,
+    "fabric": run_fabric,
 }
 
 
@@ -253,12 +382,14 @@ def worker(reps: int, quick: bool, out: Path) -> None:
     ctx = init_distributed()
     plans = QUICK_PLANS if quick else PLANS
     tasks = build_tasks(plans)
-    samples: dict[str, dict[str, list[float]]] = {m: {k: [] for k in KINDS} for m in MODELS}
-    cpu: dict[str, dict[str, list[float]]] = {m: {k: [] for k in KINDS} for m in MODELS}
+    kinds = available_kinds()
+    samples: dict[str, dict[str, list[float]]] = {m: {k: [] for k in kinds} for m in MODELS}
+    cpu: dict[str, dict[str, list[float]]] = {m: {k: [] for k in kinds} for m in MODELS}
     try:
         for rep in range(reps):
             for model in MODELS:
-                order = KINDS if rep % 2 == 0 else KINDS[::-1]
+                shift = rep % len(kinds)  # rotate: no loop always runs right after another
+                order = kinds[shift:] + kinds[:shift]
                 for kind in order:
                     gc.collect()
                     if ctx.is_distributed:
@@ -269,6 +400,7 @@ def worker(reps: int, quick: bool, out: Path) -> None:
         if ctx.is_main_process:
             payload = {
                 "world_size": ctx.world_size,
+                "kinds": list(kinds),
                 "plans": {m: dataclasses.asdict(p) for m, p in plans.items()},
                 "samples_s": samples,
                 "cpu_samples_s": cpu,
@@ -316,11 +448,12 @@ def summarise(runs: dict[int, dict[str, Any]], reps: int, quick: bool) -> dict[s
     rows = []
     for model in MODELS:
         for world in WORLD_SIZES:
+            kinds = runs[world]["kinds"]
             samples = runs[world]["samples_s"][model]
             cpu = runs[world]["cpu_samples_s"][model]
-            med = {k: statistics.median(samples[k]) for k in KINDS}
-            best = {k: min(samples[k]) for k in KINDS}
-            cpu_med = {k: statistics.median(cpu[k]) for k in KINDS}
+            med = {k: statistics.median(samples[k]) for k in kinds}
+            best = {k: min(samples[k]) for k in kinds}
+            cpu_med = {k: statistics.median(cpu[k]) for k in kinds}
             ratio = med["trainer"] / med["manual"]
             rows.append(
                 {
@@ -336,19 +469,47 @@ def summarise(runs: dict[int, dict[str, Any]], reps: int, quick: bool) -> dict[s
                     "goal": GOALS[model],
                     "goal_met": ratio <= GOALS[model],
                     "cpu_goal_met": cpu_med["trainer"] / cpu_med["manual"] <= GOALS[model],
-                    "samples_ms": {k: [round(x * 1e3, 4) for x in samples[k]] for k in KINDS},
-                    "cpu_samples_ms": {k: [round(x * 1e3, 4) for x in cpu[k]] for k in KINDS},
+                    "kinds": {
+                        k: {
+                            "ms": round(med[k] * 1e3, 4),
+                            "cpu_ms": round(cpu_med[k] * 1e3, 4),
+                            "ratio": round(med[k] / med["manual"], 4),
+                            "cpu_ratio": round(cpu_med[k] / cpu_med["manual"], 4),
+                        }
+                        for k in kinds
+                    },
+                    "samples_ms": {k: [round(x * 1e3, 4) for x in samples[k]] for k in kinds},
+                    "cpu_samples_ms": {k: [round(x * 1e3, 4) for x in cpu[k]] for k in kinds},
                 }
             )
     return {
         "benchmark": "trainer",
         "quick": quick,
         "reps": reps,
+        "kinds": runs[WORLD_SIZES[0]]["kinds"],
         "plans": runs[WORLD_SIZES[0]]["plans"],
         "charlm_options": CHARLM_OPTIONS,
         "mlp_shape": list(MLP_SHAPE),
         "rows": rows,
     }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """One line per (model, ranks, loop): medians and ratios to the hand-written loop."""
+    print(
+        f"{'model':<8}{'ranks':>6}  {'loop':<11}{'wall ms':>10}{'ratio':>9}{'CPU ms':>10}{'ratio':>9}"
+    )
+    for row in result["rows"]:
+        for kind, fig in row["kinds"].items():
+            goal = ""
+            if kind == "trainer":
+                wall = "met" if row["goal_met"] else "MISSED"
+                cpu = "met" if row["cpu_goal_met"] else "MISSED"
+                goal = f"   goal <= {row['goal']:.2f}x (wall {wall}, CPU {cpu})"
+            print(
+                f"{row['model']:<8}{row['ranks']:>6}  {kind:<11}{fig['ms']:>10.3f}"
+                f"{fig['ratio']:>8.3f}x{fig['cpu_ms']:>10.3f}{fig['cpu_ratio']:>8.3f}x{goal}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,22 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, "
         f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}"
     )
-    print(
-        f"{'':<14}{'--------- wall-clock ms/step ---------':>39}  {'------ CPU ms/step ------':>27}"
-    )
-    print(
-        f"{'model':<8}{'ranks':>6}{'trainer':>10}{'manual':>10}{'ratio':>9}{'fastest':>10}"
-        f"{'trainer':>11}{'manual':>9}{'ratio':>9}   goal"
-    )
-    for row in result["rows"]:
-        verdict = "met" if row["goal_met"] else "MISSED"
-        cpu_verdict = "met" if row["cpu_goal_met"] else "MISSED"
-        print(
-            f"{row['model']:<8}{row['ranks']:>6}{row['trainer_ms']:>10.3f}{row['manual_ms']:>10.3f}"
-            f"{row['ratio']:>8.3f}x{row['ratio_of_fastest']:>9.3f}x"
-            f"{row['trainer_cpu_ms']:>11.3f}{row['manual_cpu_ms']:>9.3f}{row['cpu_ratio']:>8.3f}x"
-            f"   <= {row['goal']:.2f}x (wall {verdict}, CPU {cpu_verdict})"
-        )
+    print_table(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json} ({result['seconds']:.0f} s)")

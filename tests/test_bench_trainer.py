@@ -61,8 +61,12 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
             )
         assert row["goal"] == (1.03 if row["model"] == "charlm" else 1.10)
         assert row["ratio"] == pytest.approx(row["trainer_ms"] / row["manual_ms"], rel=1e-3)
-        for kind in ("trainer", "manual"):
+        assert list(row["kinds"]) == result["kinds"]
+        assert {"trainer", "helpers", "manual"} <= set(result["kinds"])
+        for kind in result["kinds"]:
             samples = row["samples_ms"][kind]
             assert len(samples) == reps
             assert all(math.isfinite(x) and x > 0 for x in samples), (key, kind, samples)
+            fig = row["kinds"][kind]
+            assert fig["ratio"] == pytest.approx(fig["ms"] / row["manual_ms"], rel=1e-3)
     assert all(len(v) == 2 for v in [result["machine"]["load_average_1min"]])

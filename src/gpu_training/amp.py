@@ -210,6 +210,30 @@ class MixedPrecisionTrainer:
             The global gradient norm before clipping (``inf``/``nan`` when the fp16 step was
             skipped for overflow), or None off a boundary.
         """
+        norm = self.step_async(params, micro_step)
+        if norm is None:
+            return None
+        value = float(norm)
+        if self.last_step_skipped and math.isfinite(value):
+            value = math.inf
+        return value
+
+    def step_async(
+        self, params: Iterable[torch.nn.Parameter], micro_step: int
+    ) -> torch.Tensor | None:
+        """:meth:`step`, returning the gradient norm as a 0-d tensor on the gradients' device.
+
+        Nothing waits for the GPU here (bf16/fp32): read the norm every N steps, not every
+        step, and the host stays ahead of the device. In fp16 the overflow check still syncs.
+
+        Args:
+            params: The parameters whose gradients are clipped and measured.
+            micro_step: 0-based micro-batch index (see :func:`should_step`).
+
+        Returns:
+            The norm before clipping (``inf`` when an fp16 step was skipped for overflow), or
+            None off a boundary.
+        """
         if not should_step(micro_step, self.grad_accum_steps):
             return None
         params = [p for p in params if p.grad is not None]
@@ -229,10 +253,11 @@ class MixedPrecisionTrainer:
         if self.last_step_skipped:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        value = float(norm)
-        if self.last_step_skipped and math.isfinite(value):
-            value = math.inf
-        return value
+        full = getattr(norm, "full_tensor", None)  # FSDP2: a replicated DTensor
+        norm = (full() if callable(full) else norm).detach()
+        if self.last_step_skipped:
+            norm = torch.where(torch.isfinite(norm), torch.full_like(norm, math.inf), norm)
+        return norm
 
     def state_dict(self) -> dict[str, Any]:
         """Precision, scaler state (scale, growth tracker) and the skipped-step count."""

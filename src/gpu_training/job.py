@@ -159,13 +159,35 @@ class RunSpec:
     plot: bool = True
     """Draw ``loss.png`` at the end when the ``plot`` extra is installed."""
 
+    compile: bool = False
+    """``torch.compile`` the model (in place, so checkpoint keys do not change): faster steps
+    on GPUs after a slow first one (tens of seconds). Not with ``deepspeed``."""
+
+    tf32: bool | None = None
+    """TF32 matmuls and convolutions on CUDA: ``None`` turns them on with bf16/fp16 mixed
+    precision (the fp32 leftovers run faster) and leaves fp32 runs exact."""
+
+    peak_tflops: float | None = None
+    """The accelerator's dense peak, for MFU in the log (default: from the GPU's name)."""
+
     def __post_init__(self) -> None:
         _check_str("run.output_dir", self.output_dir)
         _check_int("run.log_every", self.log_every, 1)
         _check_int("run.eval_every", self.eval_every, 1)
         _check_optional_int("run.eval_batches", self.eval_batches, 1)
-        for name in ("progress", "tensorboard", "plot"):
+        for name in ("progress", "tensorboard", "plot", "compile"):
             _check_bool(f"run.{name}", getattr(self, name))
+        if self.tf32 is not None:
+            _check_bool("run.tf32", self.tf32)
+        if self.peak_tflops is not None and (
+            isinstance(self.peak_tflops, bool)
+            or not isinstance(self.peak_tflops, (int, float))
+            or not self.peak_tflops > 0
+        ):
+            raise ConfigError(
+                f"field 'run.peak_tflops': expected a number > 0, got {self.peak_tflops!r}",
+                "run.peak_tflops",
+            )
 
 
 _SECTIONS: dict[str, type] = {

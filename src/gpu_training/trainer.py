@@ -151,6 +151,59 @@ def _check_deepspeed_job(job: JobConfig, error: type[Exception]) -> None:
         )
 
 
+def _mean_finite(norms: list[torch.Tensor]) -> float:
+    """Mean of the finite gradient norms of a log window (one host sync for all of them)."""
+    if not norms:
+        return 0.0
+    values = torch.stack([n.double().cpu() for n in norms])  # DeepSpeed's live on the CPU
+    finite = values[torch.isfinite(values)]
+    return float(finite.mean()) if finite.numel() else 0.0  # every step overflowed (fp16)
+
+
+@dataclass(frozen=True)
+class _Speed:
+    """Tokens/s and MFU for the log, from the task's shape (nothing when it has none)."""
+
+    tokens_per_sample: int | None
+    flops_per_token: int | None
+    peak_flops: float | None
+    """Dense peak FLOP/s of all ranks together, when known."""
+
+    @classmethod
+    def for_run(
+        cls,
+        task: Task,
+        device: torch.device,
+        peak_tflops: float | None,
+        world_size: int,
+        precision: str,
+    ) -> _Speed:
+        peak = peak_tflops
+        if peak is None and device.type == "cuda":
+            from gpu_training.profiling import peak_tflops as table_peak
+
+            # MFU against the peak of the precision the matmuls run in (TF32 for fp32 on CUDA)
+            if precision in ("bf16", "fp16"):
+                matmul = precision
+            else:
+                matmul = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+            peak = table_peak(device, matmul)
+        return cls(
+            task.tokens_per_sample,
+            task.flops_per_token,
+            None if peak is None else peak * 1e12 * world_size,
+        )
+
+    def rates(self, samples: int, seconds: float) -> dict[str, float]:
+        if self.tokens_per_sample is None:
+            return {}
+        tokens_per_s = samples * self.tokens_per_sample / max(seconds, 1e-9)
+        out = {"tokens_per_s": tokens_per_s}
+        if self.flops_per_token is not None and self.peak_flops:
+            out["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
+        return out
+
+
 @dataclass
 class _Run:
     """The objects a step loop, a checkpoint and a resume share."""
@@ -226,6 +279,25 @@ class Trainer:
             optimizer=make_optimizer,
             total_steps=total,
         )
+
+    def _speed_up(self, model: nn.Module, device: torch.device, precision: str) -> None:
+        """TF32 and ``torch.compile`` as the run section asks (before wrapping)."""
+        run = self.job.run
+        if device.type == "cuda":
+            tf32 = run.tf32 if run.tf32 is not None else precision in ("bf16", "fp16")
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+        if not run.compile:
+            return
+        if self.job.strategy.name == "fsdp":
+            from gpu_training.strategy import detect_blocks, find_blocks
+
+            spec = self.job.strategy.block_classes
+            blocks = find_blocks(model, spec) if spec else detect_blocks(model)
+            for _, block in blocks:  # one graph per FSDP unit, compiled in place
+                block.compile()
+        else:
+            model.compile()  # in place: state_dict keys keep no "_orig_mod." prefix
 
     def _evaluate(
         self,
@@ -303,6 +375,7 @@ class Trainer:
                 f"{cfg.effective_batch_size}: lower training.global_batch_size"
             )
 
+        self._speed_up(model, device, precision)
         prepared = self._prepare(model, device, cfg, total)
         wrapped, steps = prepared.model, prepared.steps
         scheduler = linear_warmup_cosine_lr(
@@ -333,6 +406,7 @@ class Trainer:
         writer = MetricsWriter(
             out_dir, tensorboard=job.run.tensorboard, enabled=ctx.is_main_process
         )
+        speed = _Speed.for_run(task, device, job.run.peak_tflops, ctx.world_size, precision)
         self._announce(cfg, precision, total, step, ckpt, writer, task)
         self._emit("on_train_start")
         started = time.perf_counter()
@@ -340,10 +414,11 @@ class Trainer:
         last_saved = step
         try:
             with PreemptionHandler(ctx=ctx) as preemption, self._progress(total, step) as advance:
+                # Device-side sums, read every log_every steps: no host sync per step.
                 window_loss = torch.zeros((), dtype=torch.float64, device=device)
+                norms: list[torch.Tensor] = []
                 window_micro = 0
                 window_start = time.perf_counter()
-                norm_sum, norm_count = 0.0, 0
                 while step < total and not self.state.preempted:
                     for micro, batch in enumerate(loader):
                         inputs, targets = move_to_device(batch, device)
@@ -353,25 +428,25 @@ class Trainer:
                             steps.backward(loss)
                         window_loss += loss.detach().double()
                         window_micro += 1
-                        norm = steps.step(micro)
+                        norm = steps.step_async(micro)
                         if norm is None:
                             continue
                         scheduler.step()
                         step += 1
                         self.state.step = step
                         advance()
-                        if math.isfinite(norm):
-                            norm_sum, norm_count = norm_sum + norm, norm_count + 1
+                        norms.append(norm)
                         if step % job.run.log_every == 0 or step == total:
                             elapsed = time.perf_counter() - window_start
                             samples = window_micro * cfg.per_device_batch_size * ctx.world_size
                             metrics = reduce_scalar_dict({"loss": window_loss / window_micro}, ctx)
                             metrics.update(
                                 lr=float(scheduler.get_last_lr()[0]),
-                                grad_norm=norm_sum / max(1, norm_count),
+                                grad_norm=_mean_finite(norms),
                                 samples_per_s=samples / max(elapsed, 1e-9),
                                 skipped_steps=float(run.amp.skipped_steps if run.amp else 0),
                             )
+                            metrics.update(speed.rates(samples, elapsed))
                             if math.isnan(first_loss):
                                 first_loss = metrics["loss"]
                             self.state.last_metrics = metrics
@@ -379,7 +454,8 @@ class Trainer:
                             self._log_line(step, total, metrics)
                             self._emit("on_log", metrics)
                             window_loss.zero_()
-                            window_micro, norm_sum, norm_count = 0, 0.0, 0
+                            norms.clear()
+                            window_micro = 0
                             window_start = time.perf_counter()
                         if val_loader is not None and (
                             step % job.run.eval_every == 0 or step == total
@@ -536,6 +612,8 @@ class Trainer:
         self.print(
             f"step {step}/{total} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
             f"grad_norm {metrics['grad_norm']:.3f} | {metrics['samples_per_s']:.0f} samples/s"
+            + (f" | {metrics['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in metrics else "")
+            + (f" | MFU {metrics['mfu']:.1%}" if "mfu" in metrics else "")
         )
 
     @contextlib.contextmanager

@@ -555,4 +555,10 @@ def deepspeed_step_fns(engine: Any) -> StepFns:
         norm = engine.get_global_grad_norm()
         return float(norm) if norm is not None else math.nan
 
-    return StepFns(sync=sync, autocast=autocast, backward=backward, step=step)
+    def step_async(micro_step: int) -> torch.Tensor | None:
+        norm = step(micro_step)  # DeepSpeed has synchronised to compute it already
+        return None if norm is None else torch.tensor(norm, dtype=torch.float64)
+
+    return StepFns(
+        sync=sync, autocast=autocast, backward=backward, step=step, step_async=step_async
+    )

@@ -439,13 +439,15 @@ class StepFns:
     accumulation boundary), ``autocast()`` wraps the forward pass, ``backward(loss)`` takes
     the micro-batch's mean loss (division by the accumulation steps happens inside), and
     ``step(micro_step)`` steps the optimizer on a boundary, returning the gradient norm
-    before clipping, or None off a boundary.
+    before clipping, or None off a boundary. ``step_async`` does the same and returns the
+    norm as a 0-d tensor without waiting for the device (read it every N steps).
     """
 
     sync: Callable[[int], contextlib.AbstractContextManager[Any]]
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
     backward: Callable[[torch.Tensor], None]
     step: Callable[[int], float | None]
+    step_async: Callable[[int], torch.Tensor | None]
 
 
 def step_fns(model: nn.Module, trainer: MixedPrecisionTrainer) -> StepFns:
@@ -463,4 +465,13 @@ def step_fns(model: nn.Module, trainer: MixedPrecisionTrainer) -> StepFns:
     def step(micro_step: int) -> float | None:
         return trainer.step(model.parameters(), micro_step)
 
-    return StepFns(sync=sync, autocast=trainer.autocast, backward=trainer.backward, step=step)
+    def step_async(micro_step: int) -> torch.Tensor | None:
+        return trainer.step_async(model.parameters(), micro_step)
+
+    return StepFns(
+        sync=sync,
+        autocast=trainer.autocast,
+        backward=trainer.backward,
+        step=step,
+        step_async=step_async,
+    )

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
@@ -113,6 +114,12 @@ class Task:
 
     baseline: float | None = None
     """A validation loss a trained model must clearly beat (e.g. a unigram model's)."""
+
+    tokens_per_sample: int | None = None
+    """Tokens in one sample (sequence models): the Trainer then logs tokens/s."""
+
+    flops_per_token: int | None = None
+    """Training FLOPs per token (``6N + 12·L·H·Q·T``): the Trainer then logs MFU on GPUs."""
 
 
 # --- losses ---------------------------------------------------------------------------------
@@ -377,8 +384,17 @@ def charlm_task(config: charlm.CharLMConfig | None = None) -> Task:
     cfg = charlm.CharLMConfig() if config is None else config
     data = charlm.build_datasets(cfg.block_size, cfg.val_fraction)
     vocab = data.tokenizer.vocab_size
+    if cfg.vocab_size is not None:
+        if cfg.vocab_size < vocab:
+            raise TaskError(
+                f"task 'charlm': option 'vocab_size' ({cfg.vocab_size}) must be at least the "
+                f"corpus's {vocab} characters"
+            )
+        vocab = cfg.vocab_size  # padded rows are never targets: only the shape changes
     baseline = charlm.unigram_baseline(data)
-    params = charlm.CharTransformer(cfg, vocab).num_parameters()
+    with torch.device("meta"):  # the shape only: no memory, no initialisation
+        shape = charlm.CharTransformer(cfg, vocab)
+    params = shape.num_parameters()
     describe = (
         f"character transformer ({cfg.n_layer} layers, {cfg.n_head} heads, width "
         f"{cfg.n_embd}, {params / 1e6:.2f}M parameters) on the built-in corpus "
@@ -393,6 +409,8 @@ def charlm_task(config: charlm.CharLMConfig | None = None) -> Task:
         loss_fn=charlm.loss_fn,
         describe=describe,
         baseline=baseline,
+        tokens_per_sample=cfg.block_size,
+        flops_per_token=shape.flops_per_token(),
     )
 
 

@@ -409,9 +409,15 @@ class CharLMConfig:
     val_fraction: float = 0.1
     """Share of the corpus, taken from its end, held out for validation."""
 
+    vocab_size: int | None = None
+    """Rows of the embedding and LM head when more than the corpus's characters are wanted
+    (a benchmark at GPT-2's shape pads to 50304); None: exactly the corpus's vocabulary."""
+
     def __post_init__(self) -> None:
         for name in ("block_size", "n_layer", "n_head", "n_embd"):
             _check_positive_int(name, getattr(self, name))
+        if self.vocab_size is not None:
+            _check_positive_int("vocab_size", self.vocab_size)
         if self.n_embd % self.n_head:
             raise ConfigError(
                 f"field 'n_embd': expected a multiple of n_head ({self.n_head}), got {self.n_embd}",
