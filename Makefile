@@ -57,6 +57,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[bench]"
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_checkpoint.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_trainer.py
+	$(BIN)/python benchmarks/bench_startup.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
