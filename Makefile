@@ -8,7 +8,7 @@ EXTRAS ?= dev,monitor,plot,tensorboard
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-gpu lint format demo bench clean
+.PHONY: help install test test-gpu lint format demo bench bench-gpu clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
@@ -16,6 +16,7 @@ help:
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
 	@echo "make bench     checkpoint and Trainer benchmarks (tables + benchmarks/results/*.json)"
+	@echo "make bench-gpu GPT-2 124M shape on one GPU: tokens/s, MFU, memory; then the GPU tests"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +59,10 @@ bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_checkpoint.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_trainer.py
 	$(BIN)/python benchmarks/bench_startup.py
+
+# One prepared run for a GPU machine (< 8 min): the GPU benchmark, then the GPU tier of tests.
+bench-gpu: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_gpu.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
