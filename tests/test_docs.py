@@ -24,6 +24,8 @@ DOCTEST_MODULES = [
     "gpu_training.launcher",
     "gpu_training.ddp",
     "gpu_training.checkpoint.manager",
+    "gpu_training.checkpoint.keys",
+    "gpu_training.checkpoint.snapshot",
     "gpu_training.profiling",
     "gpu_training.data",
     "gpu_training.rng",

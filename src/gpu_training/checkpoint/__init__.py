@@ -1,5 +1,8 @@
 """Checkpoints that are never half-written, and resume that is exact.
 
+- :mod:`~gpu_training.checkpoint.files` — the layout (names, manifest checks) and the durable
+  file-system moves (CRC32 while writing, fsync, atomic swap, locked temporaries);
+  :mod:`~gpu_training.checkpoint.keys` strips wrapper prefixes from state-dict keys.
 - :mod:`~gpu_training.checkpoint.manager` — :class:`CheckpointManager`: plain (full-state)
   checkpoints written by rank 0, atomically, with a manifest, checksums and pruning;
   optionally asynchronous (``save(..., async_save=True)``, :func:`snapshot_state`).
@@ -19,19 +22,17 @@ CheckpointManager`` is the import to use.
 
 from __future__ import annotations
 
-from gpu_training.checkpoint.manager import (
+from gpu_training.checkpoint.files import (
     DEEPSPEED_FORMAT,
     EXTRA_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
     SHARDED_FORMAT,
     STATE_NAME,
-    WRAPPER_PREFIXES,
     CheckpointError,
-    CheckpointManager,
-    snapshot_state,
-    strip_wrapper_prefixes,
 )
+from gpu_training.checkpoint.keys import WRAPPER_PREFIXES, strip_wrapper_prefixes
+from gpu_training.checkpoint.manager import CheckpointManager
 from gpu_training.checkpoint.offline import (
     CONSOLIDATED_SUFFIXES,
     consolidate,
@@ -41,6 +42,7 @@ from gpu_training.checkpoint.offline import (
     state_format,
     verify_checkpoints,
 )
+from gpu_training.checkpoint.snapshot import snapshot_state
 
 __all__ = [
     "CONSOLIDATED_SUFFIXES",

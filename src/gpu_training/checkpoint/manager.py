@@ -31,33 +31,46 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
-import ctypes
 import errno
 import functools
 import json
 import os
 import pickle  # only for pickle.UnpicklingError: nothing here unpickles with pickle
-import re
 import secrets
 import shutil
-import sys
 import threading
 import warnings
 import weakref
-import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, BinaryIO, cast
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
 
+from gpu_training.checkpoint.files import (
+    _STEP_RE,
+    _TMP_PREFIX,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    STATE_NAME,
+    CheckpointError,
+    _check_step,
+    _Crc32Writer,
+    _exchange,
+    _fsync_dir,
+    _inspect,
+    _make_locked_tmp,
+    _step_name,
+    _try_lock,
+)
+from gpu_training.checkpoint.keys import strip_wrapper_prefixes
+from gpu_training.checkpoint.snapshot import _Buffers, _Snapshot, snapshot_state
 from gpu_training.ddp import DistributedContext
 
 try:  # POSIX only: without it a writer's temporary directory is not protected by a lock
@@ -65,331 +78,12 @@ try:  # POSIX only: without it a writer's temporary directory is not protected b
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = [
-    "FORMAT_VERSION",
-    "MANIFEST_NAME",
-    "STATE_NAME",
-    "WRAPPER_PREFIXES",
-    "CheckpointError",
-    "CheckpointManager",
-    "snapshot_state",
-    "strip_wrapper_prefixes",
-]
+__all__ = ["CheckpointManager"]
 
-FORMAT_NAME = "gpu_training.checkpoint"
-FORMAT_VERSION = 1
-"""Version of the directory layout and manifest; bumped on incompatible changes."""
-MANIFEST_NAME = "manifest.json"
-STATE_NAME = "state.pt"
-SHARDED_FORMAT = "dcp"
-"""``manifest["state_format"]`` of a sharded (DCP) checkpoint (checkpoint/sharded.py)."""
-DEEPSPEED_FORMAT = "deepspeed"
-"""``manifest["state_format"]`` of a DeepSpeed engine checkpoint (checkpoint/zero.py)."""
-EXTRA_NAME = "extra.pt"
-"""The file of a sharded checkpoint holding its ``extra`` state (rank 0's copy)."""
-WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
-"""Key prefixes added by DDP/DataParallel/FSDP1/DeepSpeed, ``torch.compile`` and Fabric."""
 
 MapLocation = str | torch.device | dict[str, str] | Callable[..., Any] | None
 
-_TMP_PREFIX = ".tmp-"
-_STEP_RE = re.compile(r"step-(\d{8,})")
-_READ_CHUNK = 8 << 20
-_OVERLAP_MIN_BYTES = 1 << 20  # below this, handing a chunk to the hashing thread costs more
 _STATUS_BYTES = 4096  # rank 0's error message travels to the other ranks in this many bytes
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written, verified or loaded; the message names the path."""
-
-
-# ----------------------------------------------------------------------------------------------
-# key normalisation
-
-
-def _strip_keys(mapping: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """Strips wrapper prefixes shared by *every* key; returns the new dict and what was cut."""
-    keys = list(mapping)
-    cut = ""
-    while keys and all(isinstance(k, str) for k in keys):
-        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in keys)), None)
-        if prefix is None:
-            break
-        keys = [k[len(prefix) :] for k in keys]
-        cut += prefix
-    return dict(zip(keys, mapping.values(), strict=True)), cut
-
-
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        stripped, cut = _strip_keys(obj)
-        values = {k: _strip(v) for k, v in stripped.items()}
-        if not isinstance(obj, OrderedDict):
-            return values
-        out: OrderedDict[Any, Any] = OrderedDict(values)
-        meta = getattr(obj, "_metadata", None)
-        if isinstance(meta, Mapping):
-            # module versions live in _metadata keyed by module path: "module.0" -> "0"
-            new_meta = OrderedDict(
-                (f"{k}."[len(cut) :].rstrip("."), v)
-                for k, v in meta.items()
-                if isinstance(k, str) and f"{k}.".startswith(cut)
-            )
-            out._metadata = new_meta  # type: ignore[attr-defined]
-        return out
-    if type(obj) is list:
-        return [_strip(v) for v in obj]
-    if type(obj) is tuple:
-        return tuple(_strip(v) for v in obj)
-    return obj
-
-
-def strip_wrapper_prefixes(state_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """Removes ``module.`` / ``_orig_mod.`` / ``_forward_module.`` prefixes, at any depth.
-
-    Every mapping in ``state_dict`` (itself included, and those inside lists and tuples) whose
-    keys *all* start with one wrapper prefix loses it, repeatedly, so ``module._orig_mod.w``
-    (DDP around a compiled model) becomes ``w``. A mapping where only some keys carry the prefix
-    is left alone: that is a model with a submodule really named ``module``. Tensors are not
-    copied; ``OrderedDict`` and its ``_metadata`` (module versions) are kept.
-
-    Args:
-        state_dict: A state dict, or a dict of them (``{"model_state": ..., "epoch": 3}``).
-
-    Returns:
-        A new dict with the same values under the stripped keys.
-
-    Example:
-        >>> strip_wrapper_prefixes({"module.fc.weight": 1, "module.fc.bias": 2})
-        {'fc.weight': 1, 'fc.bias': 2}
-    """
-    return cast(dict[str, Any], _strip(state_dict))
-
-
-# ----------------------------------------------------------------------------------------------
-# durable file-system primitives
-
-
-class _Crc32Writer:
-    """The file object handed to ``torch.save``: writes through and CRC32s the same bytes.
-
-    CRC32, not BLAKE2b: on a 40.9 MB model+AdamW state (2-core VM, torch 2.13) zlib.crc32
-    hashes at ~4.1 GB/s vs ~0.9 GB/s for blake2b; hashed inline while writing, save+fsync took
-    1.35x a durable bare ``torch.save`` with crc32 and 2.3x with blake2b (1.12x with crc32 on a
-    second core, as below). CRC32 catches torn and corrupted files, which is its job here; it
-    is no defence against someone who can rewrite the manifest anyway.
-    """
-
-    def __init__(self, raw: BinaryIO, pool: ThreadPoolExecutor) -> None:
-        self._raw = raw
-        self._pool = pool
-        self.crc = 0
-        self.size = 0
-        self.error: OSError | None = None
-        """The first OSError of a write (torch.save reports it only as "unexpected pos")."""
-
-    def write(self, data: bytes | memoryview) -> int:
-        view = memoryview(data).cast("B")
-        try:
-            if view.nbytes >= _OVERLAP_MIN_BYTES:
-                # crc32 and the file write both release the GIL: hash on a second core meanwhile
-                job = self._pool.submit(zlib.crc32, view, self.crc)
-                try:
-                    written = self._raw.write(view)
-                finally:
-                    self.crc = job.result()  # wait even on error: torch frees the buffer after us
-            else:
-                self.crc = zlib.crc32(view, self.crc)
-                written = self._raw.write(view)
-        except OSError as exc:  # ENOSPC, EFBIG...: keep it, torch replaces it by its own error
-            self.error = self.error or exc
-            raise
-        self.size += written
-        return written
-
-    def flush(self) -> None:
-        self._raw.flush()
-
-
-def _fsync_dir(path: Path) -> None:
-    """Makes renames and creations inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems cannot fsync a directory; nothing more to do
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _file_crc32(path: Path) -> int:
-    crc = 0
-    buf = bytearray(_READ_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-    return crc
-
-
-@functools.cache
-def _renameat2() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return cast(Callable[..., int], fn)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swaps two paths (Linux ``RENAME_EXCHANGE``); False where unsupported."""
-    fn = _renameat2()
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(a), None, str(b))
-
-
-def _try_lock(path: Path) -> int | None:
-    """An fd holding an exclusive flock on directory ``path``, or None if another holds it.
-
-    A writer holds this lock on its temporary directory for the whole save, so
-    :meth:`CheckpointManager.clean_stale` in another process never removes a save in progress;
-    the kernel drops the lock when the writer dies, even by SIGKILL.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    if fcntl is None:
-        return fd
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except OSError:  # file system without flock: nothing can be protected, carry on unlocked
-        return fd
-    return fd
-
-
-def _make_locked_tmp(directory: Path, name: str) -> tuple[Path, int]:
-    """Creates and locks ``directory/.tmp-NAME-<random>``; retries if a cleaner raced us."""
-    for _ in range(5):
-        tmp = directory / f"{_TMP_PREFIX}{name}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        try:
-            fd = _try_lock(tmp)
-        except FileNotFoundError:  # removed by a concurrent clean_stale before we locked it
-            continue
-        if fd is None:
-            continue
-        try:  # still our directory, not one a cleaner deleted between mkdir and lock?
-            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
-                return tmp, fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    raise CheckpointError(f"could not create a temporary directory in {directory}")
-
-
-# ----------------------------------------------------------------------------------------------
-# manifest checks
-
-
-def _step_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an integer >= 0, got {step!r}")
-    return step
-
-
-def _manifest_problems(manifest: Any, path: Path) -> list[str]:
-    """Structural problems of a parsed manifest (files are not looked at)."""
-    if not isinstance(manifest, dict):
-        return [f"{path / MANIFEST_NAME}: not a JSON object"]
-    problems = []
-    if manifest.get("format") != FORMAT_NAME:
-        problems.append(
-            f"{path / MANIFEST_NAME}: format is {manifest.get('format')!r}, "
-            f"expected {FORMAT_NAME!r}"
-        )
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-        problems.append(
-            f"{path / MANIFEST_NAME}: format_version {version!r} is not supported "
-            f"(this version reads 1..{FORMAT_VERSION})"
-        )
-    step = manifest.get("step")
-    if isinstance(step, bool) or not isinstance(step, int):
-        problems.append(f"{path / MANIFEST_NAME}: step must be an integer, got {step!r}")
-    elif _STEP_RE.fullmatch(path.name) and path.name != _step_name(step):
-        problems.append(f"{path / MANIFEST_NAME}: step {step} does not match {path.name}")
-    files = manifest.get("files")
-    if not isinstance(files, list) or not files:
-        return [*problems, f"{path / MANIFEST_NAME}: 'files' must be a non-empty list"]
-    for entry in files:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        ok = (
-            isinstance(name, str)
-            and name not in ("", ".", "..")
-            and "/" not in name
-            and "\\" not in name
-            and isinstance(entry.get("size"), int)
-            and isinstance(entry.get("checksum"), str)
-            and re.fullmatch(r"crc32:[0-9a-f]{8}", entry["checksum"]) is not None
-        )
-        if not ok:
-            problems.append(
-                f"{path / MANIFEST_NAME}: bad file entry {entry!r} (expected "
-                "name, size and checksum 'crc32:<8 hex digits>')"
-            )
-    return problems
-
-
-def _inspect(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, list[str]]:
-    """Reads and checks ``path``'s manifest and files; returns (manifest or None, problems)."""
-    if not path.is_dir():
-        return None, [f"{path}: no such checkpoint directory"]
-    manifest_path = path / MANIFEST_NAME
-    try:
-        manifest = json.loads(manifest_path.read_bytes())
-    except FileNotFoundError:
-        return None, [f"{manifest_path}: missing (the checkpoint was never committed)"]
-    except (OSError, ValueError) as exc:
-        return None, [f"{manifest_path}: unreadable ({exc})"]
-    problems = _manifest_problems(manifest, path)
-    if problems:
-        return None, problems
-    for entry in manifest["files"]:
-        file = path / entry["name"]
-        try:
-            size = file.stat().st_size
-        except OSError:
-            problems.append(f"{file}: listed in the manifest but missing")
-            continue
-        if size != entry["size"]:
-            problems.append(
-                f"{file}: {size} bytes, the manifest says {entry['size']} "
-                "(truncated or overwritten)"
-            )
-        elif checksums and f"crc32:{_file_crc32(file):08x}" != entry["checksum"]:
-            problems.append(
-                f"{file}: checksum mismatch, the manifest says "
-                f"{entry['checksum']} (the file is corrupted)"
-            )
-    return manifest, problems
 
 
 def _status_device() -> torch.device:
@@ -397,129 +91,6 @@ def _status_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-# ----------------------------------------------------------------------------------------------
-# asynchronous saves: a private CPU snapshot, written by a background thread
-
-_IMMUTABLE = (str, bytes, int, float, complex, type(None), torch.dtype, torch.device, torch.Size)
-
-
-_Buffers = dict[tuple[int, bool], list[torch.UntypedStorage]]  # (bytes, pinned) -> storages
-
-
-class _Snapshot:
-    """Copies one state, remembering the tensors and storages already copied.
-
-    Args:
-        spares: Host buffers of an earlier snapshot that nothing uses any more: refilling
-            them skips the page faults of fresh memory (on a 2-core VM, first-touching 41 MB
-            took 58 ms against 23 ms for a second write to the same pages).
-    """
-
-    def __init__(self, spares: _Buffers | None = None) -> None:
-        self.spares = spares if spares is not None else {}
-        self.buffers: _Buffers = {}  # the host buffers this snapshot copied into
-        self.tensors: dict[int, torch.Tensor] = {}  # id(original) -> copy: one object stays one
-        self.storages: dict[tuple[int, int, str], torch.UntypedStorage] = {}
-        self.devices: set[torch.device] = set()  # GPUs with copies in flight
-
-    def run(self, state: Any) -> Any:
-        """The copy of ``state``, once every device-to-host copy has landed."""
-        out = self.tree(state)
-        for device in self.devices:  # the copies were queued without blocking
-            torch.cuda.synchronize(device)
-        return out
-
-    def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        spares = self.spares.get((nbytes, pinned))
-        if spares:
-            storage = spares.pop()
-        else:
-            storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
-        self.buffers.setdefault((nbytes, pinned), []).append(storage)
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
-
-    def tree(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            done = self.tensors.get(id(obj))
-            if done is None:
-                done = self.tensors[id(obj)] = self.tensor(obj)
-            return done
-        if isinstance(obj, _IMMUTABLE):
-            return obj
-        if isinstance(obj, Mapping):
-            items = [(k, self.tree(v)) for k, v in obj.items()]
-            if not isinstance(obj, OrderedDict):
-                return dict(items)  # as strip_wrapper_prefixes would make it
-            out: OrderedDict[Any, Any] = OrderedDict(items)
-            meta = getattr(obj, "_metadata", None)
-            if meta is not None:  # module versions, read by load_state_dict
-                out._metadata = copy.deepcopy(meta)  # type: ignore[attr-defined]
-            return out
-        if type(obj) in (list, tuple):
-            return type(obj)(self.tree(v) for v in obj)
-        return copy.deepcopy(obj)
-
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """A CPU copy of ``t``; tensors sharing a storage get copies sharing one storage."""
-        if type(t) is torch.nn.Parameter:  # torch.save records a Parameter as one: so do we
-            return torch.nn.Parameter(self.tensor(t.detach()), t.requires_grad)
-        requires_grad = t.requires_grad  # torch.save records the flag too
-        t = t.detach()
-        if (
-            type(t) is not torch.Tensor
-            or t.layout != torch.strided
-            or t.is_quantized
-            or t.is_conj()
-            or t.is_neg()
-            or t.device.type not in ("cpu", "cuda")
-        ):
-            # subclasses, sparse, quantized...: a plain copy
-            return t.to("cpu", copy=True).requires_grad_(requires_grad)
-        source = t.untyped_storage()
-        key = (source.data_ptr(), source.nbytes(), str(t.device))
-        copied = self.storages.get(key)
-        if copied is None:
-            cuda = t.device.type == "cuda"
-            # pinned host memory: the device-to-host copy is one DMA, no staging buffer
-            buffer = self._buffer(source.nbytes(), pinned=cuda)
-            if cuda:
-                whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(source)
-                buffer.copy_(whole, non_blocking=True)
-                self.devices.add(t.device)
-            elif source.nbytes():
-                # one memcpy, GIL released: copy_ splits over OpenMP threads, whose barrier spins
-                # when ranks x threads exceed the cores (41 MB: 90 ms instead of 14 ms, 2 cores)
-                ctypes.memmove(buffer.data_ptr(), source.data_ptr(), source.nbytes())
-            copied = self.storages[key] = buffer.untyped_storage()
-        # whole storages, as torch.save writes them: tied weights stay tied, same bytes
-        out = torch.empty(0, dtype=t.dtype).set_(copied, t.storage_offset(), t.shape, t.stride())
-        return out.requires_grad_(requires_grad)
-
-
-def snapshot_state(state: Any) -> Any:
-    """A copy of ``state`` that later changes to the original cannot reach, on the CPU.
-
-    Dicts, ``OrderedDict`` (with its ``_metadata``), lists and tuples are rebuilt; every
-    tensor is copied to CPU memory (pinned when it lives on a GPU, and the call returns once
-    the copies have landed), keeping storage sharing so tied weights stay tied; anything else
-    is deep-copied. This is what an asynchronous :meth:`CheckpointManager.save` blocks for.
-
-    Args:
-        state: A (nested) state dict.
-
-    Returns:
-        The copy.
-
-    Example:
-        >>> w = torch.zeros(2)
-        >>> snap = snapshot_state({"w": w})
-        >>> w += 1
-        >>> snap["w"].tolist()
-        [0.0, 0.0]
-    """
-    return _Snapshot().run(state)
 
 
 @dataclass(eq=False)

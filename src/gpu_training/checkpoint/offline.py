@@ -44,7 +44,7 @@ from typing import IO, Any, cast
 
 import torch
 
-from gpu_training.checkpoint.manager import (
+from gpu_training.checkpoint.files import (
     _STEP_RE,
     DEEPSPEED_FORMAT,
     EXTRA_NAME,
@@ -55,8 +55,8 @@ from gpu_training.checkpoint.manager import (
     _fsync_dir,
     _inspect,
     _step_name,
-    strip_wrapper_prefixes,
 )
+from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 
 __all__ = [
     "CONSOLIDATED_SUFFIXES",

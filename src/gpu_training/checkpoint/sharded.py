@@ -77,7 +77,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from gpu_training.checkpoint.manager import (
+from gpu_training.checkpoint.files import (
     DEEPSPEED_FORMAT,
     EXTRA_NAME,
     FORMAT_NAME,

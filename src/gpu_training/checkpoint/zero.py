@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpu_training.checkpoint.manager import DEEPSPEED_FORMAT, EXTRA_NAME, CheckpointError
+from gpu_training.checkpoint.files import DEEPSPEED_FORMAT, EXTRA_NAME, CheckpointError
 from gpu_training.checkpoint.offline import load_plain
 from gpu_training.checkpoint.sharded import (
     _Attempt,
@@ -152,7 +152,7 @@ def load_deepspeed(
 def _saved_world_size(step_dir: Path) -> int:
     import json
 
-    from gpu_training.checkpoint.manager import MANIFEST_NAME
+    from gpu_training.checkpoint.files import MANIFEST_NAME
 
     manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
     return int(manifest["world_size"])
