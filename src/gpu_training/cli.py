@@ -395,40 +395,21 @@ def _validate_job(job: Any) -> None:
 
 def _launch_workers(args: argparse.Namespace) -> int:
     import os
-    import signal
-    import subprocess
 
-    from gpu_training.launcher import launch_env
+    from gpu_training.launcher import launch_argv, launch_env, run_torchrun
 
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={args.nproc}",
-        # Without SIGUSR1 here (SLURM's warning signal) torchrun dies of it and orphans workers.
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-        "--module",
-        "gpu_training",
-        "train",
-        args.config,
-    ]
+    train_args = ["train", args.config]
     for text in args.overrides:
-        argv += ["--set", text]
-    env = launch_env(os.environ, nproc_per_node=args.nproc)
-    proc = subprocess.Popen(argv, env=env)
-
-    def forward(signum: int, _frame: Any) -> None:
-        proc.send_signal(signum)  # torchrun passes it on to every worker
-
-    previous = {
-        s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-    }
-    try:
-        return proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        train_args += ["--set", text]
+    argv = launch_argv(
+        "gpu_training",
+        args.nproc,
+        train_args,
+        module=True,
+        program=(sys.executable, "-m", "torch.distributed.run"),
+    )
+    # forwards SIGTERM/SIGUSR1 to the workers (they save and exit), reaps orphans
+    return run_torchrun(argv, launch_env(os.environ, nproc_per_node=args.nproc))
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -456,7 +437,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[_Parser]], None], ...] 
     _add_ckpt_parser,
 )
 
-_COMMAND_MODULES: tuple[str, ...] = ()
+_COMMAND_MODULES: tuple[str, ...] = ("launch", "plan", "monitor", "diagnostics")
 """Modules under ``gpu_training.commands`` that add subcommands of their own.
 
 Each one defines ``register(subparsers) -> None`` (same contract as the ``_add_*``

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
+import re
 import sys
 import types
 import warnings
@@ -63,6 +65,69 @@ def _env_int(name: str, default: int, env: Mapping[str, str]) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+_logger = logging.getLogger(__name__)
+_TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+_SRUN_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+_TASKS_PER_NODE_RE = re.compile(r"(\d+)(?:\(x(\d+)\))?")  # "4" or "4(x2)"
+
+
+def _srun_started_this_task(env: Mapping[str, str]) -> bool:
+    """True when ``srun`` started this process as one task of a multi-task step."""
+    if not all(env.get(name) for name in _SRUN_VARS):
+        return False
+    # A batch script itself also sees SLURM_NTASKS and PROCID 0, but it is one process:
+    # only srun's tasks get the step variables.
+    return env.get("ENVIRONMENT") != "BATCH" or "SLURM_STEP_NUM_TASKS" in env
+
+
+def _slurm_tasks_on_node(env: Mapping[str, str], local_rank: int, world_size: int) -> int:
+    """Tasks on this node: SLURM_NTASKS_PER_NODE, else this node's entry of "2(x3),1"."""
+    if env.get("SLURM_NTASKS_PER_NODE"):
+        return _env_int("SLURM_NTASKS_PER_NODE", 1, env)
+    layout = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    counts: list[int] = []
+    for part in layout.split(","):
+        match = _TASKS_PER_NODE_RE.fullmatch(part.strip())
+        if match is None:
+            counts = []
+            break
+        counts += [int(match[1])] * int(match[2] or 1)
+    node = _env_int("SLURM_NODEID", 0, env)
+    if node < len(counts):
+        return counts[node]
+    return world_size if _env_int("SLURM_NNODES", 1, env) == 1 else local_rank + 1
+
+
+def _context_from_slurm(
+    cls: type[DistributedContext], env: Mapping[str, str]
+) -> DistributedContext:
+    """The context of an ``srun``-per-GPU task (no torchrun): SLURM's task variables."""
+    rank = _env_int("SLURM_PROCID", 0, env)
+    local_rank = _env_int("SLURM_LOCALID", 0, env)
+    world_size = _env_int("SLURM_NTASKS", 1, env)
+    local_world_size = _slurm_tasks_on_node(env, local_rank, world_size)
+    try:
+        ctx = cls(rank, local_rank, world_size, local_world_size)
+    except ValueError as err:
+        raise ValueError(f"inconsistent SLURM environment (srun task variables): {err}") from None
+    _logger.info(
+        "rank %d of %d (local %d of %d) from SLURM srun variables "
+        "(SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS): no torchrun variables set",
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+    )
+    if world_size > 1 and not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
+        _logger.warning(
+            "srun started %d tasks but MASTER_ADDR/MASTER_PORT are not set: init_distributed "
+            'needs them, e.g. export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST"'
+            " | head -n 1) MASTER_PORT=29500 in the batch script",
+            world_size,
+        )
+    return ctx
 
 
 @dataclass(frozen=True)
@@ -111,10 +176,14 @@ class DistributedContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DistributedContext:
-        """Read the rank identity torchrun injects, or fall back to a single process.
+        """Read the rank identity torchrun (or ``srun``) injects, or fall back to one process.
 
-        Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``; when they are
-        unset the context is rank 0 of 1, so scripts also run in a notebook.
+        Reads torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``. When
+        none of them is set but ``srun`` started this process as one task per GPU, reads
+        ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS`` and ``SLURM_NTASKS_PER_NODE``
+        instead (``init_distributed`` then also needs ``MASTER_ADDR`` and ``MASTER_PORT``).
+        Otherwise the context is rank 0 of 1, so scripts also run in a notebook. Which source
+        was used is logged (logger ``gpu_training.ddp``, level INFO).
 
         Args:
             env: Mapping to read instead of ``os.environ`` (for tests).
@@ -125,19 +194,28 @@ class DistributedContext:
             >>> ctx = DistributedContext.from_env({"RANK": "3", "WORLD_SIZE": "4"})
             >>> ctx.rank, ctx.local_rank, ctx.is_main_process
             (3, 3, False)
+            >>> slurm = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
+            ...          "SLURM_NTASKS_PER_NODE": "4"}
+            >>> DistributedContext.from_env(slurm)
+            DistributedContext(rank=5, local_rank=1, world_size=8, local_world_size=4, backend=None)
 
         Raises:
             ValueError: When a variable is not an integer or the values are inconsistent.
         """
         env = os.environ if env is None else env
+        if not any(env.get(name) for name in _TORCHRUN_VARS) and _srun_started_this_task(env):
+            return _context_from_slurm(cls, env)
         world_size = _env_int("WORLD_SIZE", 1, env)
         rank = _env_int("RANK", 0, env)
         local_rank = _env_int("LOCAL_RANK", rank if world_size > 1 else 0, env)
         local_world_size = _env_int("LOCAL_WORLD_SIZE", max(world_size, local_rank + 1), env)
         try:
-            return cls(rank, local_rank, world_size, local_world_size)
+            ctx = cls(rank, local_rank, world_size, local_world_size)
         except ValueError as err:
             raise ValueError(f"inconsistent torchrun environment: {err}") from None
+        source = "torchrun variables" if "WORLD_SIZE" in env else "no launcher: one process"
+        _logger.info("rank %d of %d (local %d) from %s", rank, world_size, local_rank, source)
+        return ctx
 
     def barrier(self) -> None:
         """Wait for every rank (no-op in one process or before the group exists)."""

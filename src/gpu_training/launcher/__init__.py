@@ -7,7 +7,11 @@ so ``gpu-training launch-cmd`` answers instantly on a login node.
 
 Every ``*_command`` function is a shell-quoted rendering of the matching ``*_argv`` function;
 code that starts ``torchrun`` itself should use the argv lists (no re-parsing, no shell) and
-:func:`launch_env` for the environment.
+:func:`launch_env` for the environment. :func:`launch_argv` builds the line ``gpu-training
+launch`` runs (signals torchrun must forward included) and :func:`run_torchrun` runs it:
+signals forwarded, no orphaned workers, the job's exit code returned. The SLURM batch script
+and the Kubernetes ``PyTorchJob`` are written by :mod:`gpu_training.launcher.slurm` and
+:mod:`gpu_training.launcher.k8s`.
 
 Example:
     >>> from gpu_training.launcher import single_node_command, multi_node_commands
@@ -28,21 +32,29 @@ trusted network only.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 
+from gpu_training.launcher.supervise import FORWARDED_SIGNALS, run_torchrun
+
 __all__ = [
+    "FORWARDED_SIGNALS",
     "RDZV_BACKENDS",
     "RESTART_ENV",
+    "SIGNALS_TO_HANDLE",
     "TORCHRUN",
+    "launch_argv",
     "launch_env",
     "make_rdzv_id",
     "multi_node_argv",
     "multi_node_commands",
     "parse_endpoint",
+    "run_torchrun",
+    "shared_rdzv_id",
     "single_node_argv",
     "single_node_command",
 ]
@@ -57,6 +69,10 @@ on each node, and these commands are identical on every node."""
 
 RESTART_ENV: dict[str, str] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 """Environment for the torchrun agent that makes ``--max_restarts`` recoveries reliable."""
+
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""torchrun's ``--signals-to-handle``: its default lacks SIGUSR1 (SLURM's ``--signal``), of
+which it would die, leaving its workers running as orphans."""
 
 # `[v6addr]:port` or `host:port`; the host of the second form may not contain ':' (bare IPv6).
 _ENDPOINT_RE = re.compile(
@@ -100,6 +116,14 @@ def _check_args(args: object) -> list[str]:
             "convert numbers with str()"
         )
     return list(args)
+
+
+def _check_flags(flags: object) -> list[str]:
+    if isinstance(flags, (str, bytes)) or not isinstance(flags, Sequence):
+        raise ValueError(f"extra_flags must be a list of strings, got {type(flags).__name__}")
+    if not all(isinstance(f, str) and f.startswith("--") for f in flags):
+        raise ValueError(f"extra_flags must be torchrun flags ('--name[=value]'), got {flags!r}")
+    return list(flags)
 
 
 def _check_max_restarts(max_restarts: object) -> int | None:
@@ -175,6 +199,7 @@ def single_node_argv(
     *,
     max_restarts: int | None = None,
     program: Sequence[str] = TORCHRUN,
+    extra_flags: Sequence[str] = (),
 ) -> list[str]:
     """The argv of a single-node ``torchrun --standalone`` launch.
 
@@ -185,6 +210,7 @@ def single_node_argv(
         max_restarts: Restart the whole group up to this many times when a worker fails;
             ``None`` leaves torchrun's default (no restarts).
         program: The launcher prefix, ``("torchrun",)`` by default.
+        extra_flags: More torchrun flags, placed before the script (e.g. ``"--module"``).
 
     Returns:
         The argument list, ready for ``subprocess.run`` (no shell needed).
@@ -200,10 +226,11 @@ def single_node_argv(
     _check_positive_int("nproc", nproc)
     script_args = _check_args(args)
     restarts = _check_max_restarts(max_restarts)
+    flags = _check_flags(extra_flags)
     argv = [*program, "--standalone", f"--nproc_per_node={nproc}"]
     if restarts is not None:
         argv.append(f"--max_restarts={restarts}")
-    return [*argv, path, *script_args]
+    return [*argv, *flags, path, *script_args]
 
 
 def multi_node_argv(
@@ -217,6 +244,7 @@ def multi_node_argv(
     max_restarts: int | None = None,
     rdzv_backend: str = "c10d",
     program: Sequence[str] = TORCHRUN,
+    extra_flags: Sequence[str] = (),
 ) -> list[str]:
     """The argv every node of a multi-node ``torchrun`` launch runs (it is the same on each).
 
@@ -231,6 +259,7 @@ def multi_node_argv(
         max_restarts: Elastic restarts of the whole group; ``None`` omits the flag.
         rdzv_backend: One of :data:`RDZV_BACKENDS`.
         program: The launcher prefix, ``("torchrun",)`` by default.
+        extra_flags: More torchrun flags, placed before the script.
 
     Returns:
         The argument list, ready for ``subprocess.run`` (no shell needed).
@@ -249,6 +278,7 @@ def multi_node_argv(
     script_args = _check_args(args)
     restarts = _check_max_restarts(max_restarts)
     job_id = _check_rdzv_id(rdzv_id)
+    flags = _check_flags(extra_flags)
     if rdzv_backend not in RDZV_BACKENDS:
         raise ValueError(
             f"rdzv_backend must be one of {', '.join(RDZV_BACKENDS)}, got {rdzv_backend!r}"
@@ -264,7 +294,7 @@ def multi_node_argv(
     ]
     if restarts is not None:
         argv.append(f"--max_restarts={restarts}")
-    return [*argv, path, *script_args]
+    return [*argv, *flags, path, *script_args]
 
 
 # --- shell strings ---------------------------------------------------------------------------
@@ -349,6 +379,133 @@ def multi_node_commands(
         rdzv_backend=rdzv_backend,
     )
     return [shlex.join(argv)] * nnodes
+
+
+# --- the line `gpu-training launch` runs ------------------------------------------------------
+
+
+def shared_rdzv_id(
+    rdzv_endpoint: str,
+    nnodes: int,
+    nproc_per_node: int,
+    target: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """A rendezvous id that every node of one job computes alike, without talking to the others.
+
+    ``gpu-training launch`` runs separately on each node, so a random id would differ from
+    node to node and the agents would never meet. Inside a SLURM job the id is
+    ``gt-slurm-<SLURM_JOB_ID>-<SLURM_RESTART_COUNT>`` (a requeued job gets a fresh one);
+    elsewhere it is a hash of the launch itself: the same command on every node gives the
+    same id, another endpoint or script another one.
+
+    Args:
+        rdzv_endpoint: ``host:port`` of the rendezvous.
+        nnodes: Number of nodes.
+        nproc_per_node: Processes per node.
+        target: The script (or module) launched.
+        args: Its arguments.
+        env: Where to look for ``SLURM_JOB_ID``; ``None`` reads ``os.environ``.
+
+    Returns:
+        ``gt-`` followed by the job's identity.
+
+    Example:
+        >>> a = shared_rdzv_id("head:29500", 2, 8, "train.py", ["--lr", "1"], env={})
+        >>> a == shared_rdzv_id("head:29500", 2, 8, "train.py", ["--lr", "1"], env={})
+        True
+        >>> a == shared_rdzv_id("head:29501", 2, 8, "train.py", ["--lr", "1"], env={})
+        False
+        >>> shared_rdzv_id("h:1", 2, 8, "t.py", env={"SLURM_JOB_ID": "4242"})
+        'gt-slurm-4242-0'
+    """
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID", "").strip()
+    if job:
+        return f"gt-slurm-{job}-{env.get('SLURM_RESTART_COUNT', '0').strip() or '0'}"
+    identity = "\0".join([rdzv_endpoint, str(nnodes), str(nproc_per_node), os.fspath(target)])
+    identity += "\0" + "\0".join(args)
+    return f"gt-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
+def launch_argv(
+    target: str | os.PathLike[str],
+    nproc_per_node: int,
+    args: Sequence[str] = (),
+    *,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    max_restarts: int | None = None,
+    module: bool = False,
+    program: Sequence[str] = TORCHRUN,
+) -> list[str]:
+    """The torchrun argv of ``gpu-training launch``: standalone on one node, c10d across nodes.
+
+    Always adds ``--signals-to-handle`` (:data:`SIGNALS_TO_HANDLE`) so that SLURM's
+    ``SIGUSR1`` reaches the workers instead of killing torchrun. Without an endpoint the job
+    is single-node (``--standalone``); with one, the c10d rendezvous is used and every node
+    gets the same ``--rdzv_id`` (``rdzv_id``, or :func:`shared_rdzv_id`). No ``--node_rank``:
+    c10d ignores it.
+
+    Args:
+        target: The training script, or a module name when ``module`` is True.
+        nproc_per_node: Processes (GPUs) per node.
+        args: Arguments for the script, one string each.
+        nnodes: Number of nodes; > 1 needs ``rdzv_endpoint``.
+        rdzv_endpoint: ``host:port`` of the rendezvous; None for a single-node job.
+        rdzv_id: Job id shared by all nodes; None derives one with :func:`shared_rdzv_id`.
+        max_restarts: Elastic restarts of the whole group; None leaves torchrun's default (0).
+        module: Run ``python -m target`` instead of a script.
+        program: The launcher prefix, ``("torchrun",)`` by default.
+
+    Returns:
+        The argument list, ready for :func:`run_torchrun`.
+
+    Raises:
+        ValueError: If an argument is invalid or ``nnodes > 1`` has no endpoint.
+
+    Example:
+        >>> launch_argv("train.py", 2, max_restarts=1)
+        ['torchrun', '--standalone', '--nproc_per_node=2', '--max_restarts=1', \
+'--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1', 'train.py']
+        >>> argv = launch_argv("train.py", 4, nnodes=2, rdzv_endpoint="node0:29500")
+        >>> [a for a in argv if a.startswith("--rdzv")][:2]
+        ['--rdzv_backend=c10d', '--rdzv_endpoint=node0:29500']
+    """
+    _check_positive_int("nnodes", nnodes)
+    flags = [f"--signals-to-handle={SIGNALS_TO_HANDLE}", *(["--module"] if module else [])]
+    if rdzv_endpoint is None:
+        if nnodes > 1:
+            raise ValueError(f"rdzv_endpoint (host:port of one node) is needed for nnodes={nnodes}")
+        if rdzv_id is not None:
+            raise ValueError("rdzv_id needs an rdzv_endpoint (a single-node job has its own)")
+        return single_node_argv(
+            target,
+            nproc_per_node,
+            args,
+            max_restarts=max_restarts,
+            program=program,
+            extra_flags=flags,
+        )
+    parse_endpoint(rdzv_endpoint)
+    if rdzv_id is None:
+        rdzv_id = shared_rdzv_id(
+            rdzv_endpoint, nnodes, nproc_per_node, _check_script(target), _check_args(args)
+        )
+    return multi_node_argv(
+        target,
+        nnodes,
+        nproc_per_node,
+        rdzv_endpoint,
+        args,
+        rdzv_id=rdzv_id,
+        max_restarts=max_restarts,
+        program=program,
+        extra_flags=flags,
+    )
 
 
 # --- environment -----------------------------------------------------------------------------

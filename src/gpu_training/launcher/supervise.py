@@ -1,0 +1,222 @@
+"""Run torchrun to the end: signals forwarded to the workers, no orphans, the job's exit code.
+
+:func:`run_torchrun` is what ``gpu-training launch`` (and ``gpu-training train --nproc N``)
+use to start torchrun. It imports no torch.
+
+Example:
+    >>> import sys
+    >>> from gpu_training.launcher import run_torchrun
+    >>> run_torchrun([sys.executable, "-c", "raise SystemExit(3)"])  # the job's exit code
+    3
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+
+__all__ = ["FORWARDED_SIGNALS", "run_torchrun"]
+
+FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+)
+"""Signals :func:`run_torchrun` passes on to torchrun (which passes them on to every worker)."""
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    prctl, parent = libc.prctl, os.getpid()  # resolved before fork: the child only calls
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl: nobody will tell us
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) of every process (Linux /proc; empty elsewhere)."""
+    table: dict[int, tuple[int, str]] = {}
+    if not os.path.isdir("/proc"):
+        return table
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":  # a zombie has already exited
+            table[int(entry)] = (int(fields[1]), fields[19])
+    return table
+
+
+def _descendants(pid: int, table: Mapping[int, tuple[int, str]]) -> dict[int, str]:
+    """The live descendants of ``pid`` in ``table``: pid -> start time."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = table[child][1]
+            todo.append(child)
+    return found
+
+
+def _stop_leftovers(tracked: Mapping[int, str], timeout: float) -> list[int]:
+    """SIGTERM, then after ``timeout`` s SIGKILL, the tracked processes still alive."""
+    table = _proc_table()
+    # Same pid *and* start time: a recycled pid is not ours to kill.
+    alive = [pid for pid, start in tracked.items() if table.get(pid, (0, ""))[1] == start]
+    if not alive:
+        return []
+    print(
+        f"gpu-training: torchrun is gone but {len(alive)} worker process(es) are not: "
+        f"sending SIGTERM (SIGKILL after {timeout:.0f} s) to {alive}",
+        file=sys.stderr,
+    )
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        for pid in alive:
+            try:
+                # torchrun starts each worker as a session leader: signal its whole group.
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                continue
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            table = _proc_table()
+            alive = [p for p in alive if table.get(p, (0, ""))[1] == tracked[p]]
+            if not alive:
+                return []
+            time.sleep(0.1)
+    return alive
+
+
+def _job_exit_code(returncode: int, forwarded: Sequence[int]) -> int:
+    """torchrun's exit code, as a shell reports it; 128 + signal when a signal stopped the job.
+
+    torchrun exits 1 whenever it was signalled, so a SIGTERM-preempted job (workers saved and
+    exited with 143) would look like a crash; the signal we forwarded is the better answer.
+    """
+    if returncode < 0:
+        return 128 - returncode
+    if returncode != 0 and forwarded:
+        return 128 + forwarded[0]
+    return returncode
+
+
+def run_torchrun(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    shutdown_timeout: float = 30.0,
+    cwd: str | os.PathLike[str] | None = None,
+) -> int:
+    """Run a torchrun command line to the end and return the job's exit code.
+
+    What it adds to a bare ``subprocess.run(argv)``:
+
+    * **Signals are forwarded.** ``SIGTERM``, ``SIGINT``, ``SIGHUP``, ``SIGQUIT`` and
+      ``SIGUSR1`` received by this process are sent to torchrun, which sends them to every
+      worker (given ``--signals-to-handle``, which
+      :func:`~gpu_training.launcher.launch_argv` adds); workers using
+      :class:`~gpu_training.preemption.PreemptionHandler` save and exit. torchrun runs in a
+      session of its own, so a Ctrl-C at the terminal reaches it once, through here.
+    * **No orphans.** torchrun gets ``SIGTERM`` if this process dies, even by ``SIGKILL``
+      (Linux ``PR_SET_PDEATHSIG``), and passes it on. If torchrun itself dies without
+      stopping its workers (``SIGKILL``, OOM killer) they would live on, each in its own
+      session: the workers seen while the job ran are then sent ``SIGTERM`` and, after
+      ``shutdown_timeout`` seconds, ``SIGKILL``.
+    * **The exit code is the job's**: torchrun's code (0, or 1 when a worker failed after
+      all restarts), or 128 + N when signal N stopped the job (143 for ``SIGTERM``, the
+      :data:`~gpu_training.preemption.EXIT_PREEMPTED` convention: requeue me).
+
+    Signal handlers are installed only when called from the main thread (Python delivers
+    signals there), and the previous ones are restored on return.
+
+    Args:
+        argv: The command, e.g. from :func:`~gpu_training.launcher.launch_argv` with
+            ``program=(sys.executable, "-m", "torch.distributed.run")``.
+        env: Its environment (see :func:`~gpu_training.launcher.launch_env`); ``None``
+            inherits this one.
+        shutdown_timeout: Seconds leftover workers get between ``SIGTERM`` and ``SIGKILL``.
+        cwd: Working directory of torchrun.
+
+    Returns:
+        The job's exit code (see above).
+
+    Raises:
+        OSError: If the program cannot be started (e.g. ``torchrun`` is not on ``PATH``).
+
+    Example:
+        >>> import sys
+        >>> from gpu_training.launcher import launch_argv, launch_env
+        >>> here = (sys.executable, "-m", "torch.distributed.run")  # this Python's torchrun
+        >>> argv = launch_argv("train.py", 2, program=here)
+        >>> run_torchrun(argv, launch_env(nproc_per_node=2))  # doctest: +SKIP
+        0
+    """
+    forwarded: list[int] = []
+    started: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        forwarded.append(signum)
+        if started and started[0].poll() is None:
+            started[0].send_signal(signum)  # torchrun passes it on to every worker
+
+    previous: dict[signal.Signals, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    tracked: dict[int, str] = {}
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            start_new_session=True,  # terminal signals reach it through us, once
+            preexec_fn=_die_with_parent(),
+        )
+        started.append(proc)
+        if forwarded:  # a signal came before torchrun existed
+            proc.send_signal(forwarded[-1])
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                # Remember the workers: if torchrun dies abruptly, they must not live on.
+                tracked.update(_descendants(proc.pid, _proc_table()))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        if started and started[0].poll() is None:  # we are failing: take torchrun down too
+            started[0].terminate()
+            try:
+                started[0].wait(timeout=shutdown_timeout)
+            except subprocess.TimeoutExpired:
+                started[0].kill()
+                started[0].wait()
+        _stop_leftovers(tracked, shutdown_timeout)
+    return _job_exit_code(returncode, forwarded)
