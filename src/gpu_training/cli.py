@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 from gpu_training import __version__
 
-__all__ = ["PROG", "UsageError", "build_parser", "main"]
+__all__ = ["PROG", "UsageError", "add_set_argument", "build_parser", "main"]
 
 PROG = "gpu-training"
 """The command's name, as printed in messages."""
@@ -71,6 +71,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def add_set_argument(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--set KEY=VALUE`` (repeatable, into ``args.overrides``): every command that loads a
+    config file takes its overrides the same way.
+
+    Args:
+        parser: The (sub)command's parser.
+        example: An override shown in the help, e.g. ``training.max_steps=100``.
+    """
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a field; VALUE is parsed as YAML (repeatable), e.g. --set {example}",
+    )
+
+
 def _add_config_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     parser = subparsers.add_parser(
         "config",
@@ -88,14 +106,7 @@ def _add_config_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         ),
     )
     check.add_argument("config", metavar="CONFIG", help="a .yaml, .yml or .json config file")
-    check.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field; VALUE is parsed as YAML (repeatable), e.g. --set world_size=8",
-    )
+    add_set_argument(check, "world_size=8")
     check.add_argument(
         "--num-samples",
         type=_non_negative_int,
@@ -369,14 +380,7 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         metavar="N",
         help="processes on this machine (one per GPU; CPU processes use gloo)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. --set training.max_steps=100 (repeatable)",
-    )
+    add_set_argument(parser, "training.max_steps=100")
     parser.set_defaults(_run=_run_train)
 
 
