@@ -147,7 +147,9 @@ def plot_metrics(
     loss_ax.legend()
     loss_ax.set_title("loss")
     if throughput:
-        axes[1].plot([r["step"] for r in throughput], [r["samples_per_s"] for r in throughput])
+        # job-wide when logged (the Trainer logs both); older files have one global figure
+        rates = [r.get("global_samples_per_s", r["samples_per_s"]) for r in throughput]
+        axes[1].plot([r["step"] for r in throughput], rates)
         axes[1].set_xlabel("optimizer step")
         axes[1].set_ylabel("samples / s (all ranks)")
         axes[1].set_title("throughput")

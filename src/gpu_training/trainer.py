@@ -52,6 +52,7 @@ from gpu_training.ddp import (
 )
 from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
+from gpu_training.profiling import ThroughputMeter
 from gpu_training.reporting import MetricsWriter, plot_metrics
 from gpu_training.resume import capture_training_state, restore_training_state
 from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
@@ -158,50 +159,6 @@ def _mean_finite(norms: list[torch.Tensor]) -> float:
     values = torch.stack([n.double().cpu() for n in norms])  # DeepSpeed's live on the CPU
     finite = values[torch.isfinite(values)]
     return float(finite.mean()) if finite.numel() else 0.0  # every step overflowed (fp16)
-
-
-@dataclass(frozen=True)
-class _Speed:
-    """Tokens/s and MFU for the log, from the task's shape (nothing when it has none)."""
-
-    tokens_per_sample: int | None
-    flops_per_token: int | None
-    peak_flops: float | None
-    """Dense peak FLOP/s of all ranks together, when known."""
-
-    @classmethod
-    def for_run(
-        cls,
-        task: Task,
-        device: torch.device,
-        peak_tflops: float | None,
-        world_size: int,
-        precision: str,
-    ) -> _Speed:
-        peak = peak_tflops
-        if peak is None and device.type == "cuda":
-            from gpu_training.profiling import peak_tflops as table_peak
-
-            # MFU against the peak of the precision the matmuls run in (TF32 for fp32 on CUDA)
-            if precision in ("bf16", "fp16"):
-                matmul = precision
-            else:
-                matmul = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-            peak = table_peak(device, matmul)
-        return cls(
-            task.tokens_per_sample,
-            task.flops_per_token,
-            None if peak is None else peak * 1e12 * world_size,
-        )
-
-    def rates(self, samples: int, seconds: float) -> dict[str, float]:
-        if self.tokens_per_sample is None:
-            return {}
-        tokens_per_s = samples * self.tokens_per_sample / max(seconds, 1e-9)
-        out = {"tokens_per_s": tokens_per_s}
-        if self.flops_per_token is not None and self.peak_flops:
-            out["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
-        return out
 
 
 @dataclass
@@ -406,7 +363,15 @@ class Trainer:
         writer = MetricsWriter(
             out_dir, tensorboard=job.run.tensorboard, enabled=ctx.is_main_process
         )
-        speed = _Speed.for_run(task, device, job.run.peak_tflops, ctx.world_size, precision)
+        meter = ThroughputMeter(
+            flops_per_token=task.flops_per_token,
+            peak_tflops=job.run.peak_tflops,
+            world_size=ctx.world_size,
+            device=device,
+            precision=precision,
+        )
+        samples_per_step = cfg.per_device_batch_size * cfg.gradient_accumulation_steps
+        tokens_per_step = samples_per_step * (task.tokens_per_sample or 0)
         self._announce(cfg, precision, total, step, ckpt, writer, task)
         self._emit("on_train_start")
         started = time.perf_counter()
@@ -418,7 +383,7 @@ class Trainer:
                 window_loss = torch.zeros((), dtype=torch.float64, device=device)
                 norms: list[torch.Tensor] = []
                 window_micro = 0
-                window_start = time.perf_counter()
+                meter.start()
                 while step < total and not self.state.preempted:
                     for micro, batch in enumerate(loader):
                         inputs, targets = move_to_device(batch, device)
@@ -436,17 +401,15 @@ class Trainer:
                         self.state.step = step
                         advance()
                         norms.append(norm)
+                        meter.update(samples_per_step, tokens_per_step)
                         if step % job.run.log_every == 0 or step == total:
-                            elapsed = time.perf_counter() - window_start
-                            samples = window_micro * cfg.per_device_batch_size * ctx.world_size
                             metrics = reduce_scalar_dict({"loss": window_loss / window_micro}, ctx)
                             metrics.update(
                                 lr=float(scheduler.get_last_lr()[0]),
                                 grad_norm=_mean_finite(norms),
-                                samples_per_s=samples / max(elapsed, 1e-9),
                                 skipped_steps=float(run.amp.skipped_steps if run.amp else 0),
                             )
-                            metrics.update(speed.rates(samples, elapsed))
+                            metrics.update(meter.compute().to_metrics())
                             if math.isnan(first_loss):
                                 first_loss = metrics["loss"]
                             self.state.last_metrics = metrics
@@ -456,7 +419,6 @@ class Trainer:
                             window_loss.zero_()
                             norms.clear()
                             window_micro = 0
-                            window_start = time.perf_counter()
                         if val_loader is not None and (
                             step % job.run.eval_every == 0 or step == total
                         ):
@@ -611,8 +573,9 @@ class Trainer:
     def _log_line(self, step: int, total: int, metrics: dict[str, float]) -> None:
         self.print(
             f"step {step}/{total} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
-            f"grad_norm {metrics['grad_norm']:.3f} | {metrics['samples_per_s']:.0f} samples/s"
-            + (f" | {metrics['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in metrics else "")
+            f"grad_norm {metrics['grad_norm']:.3f} | "
+            f"{metrics['global_samples_per_s']:.0f} samples/s"
+            + (f" | {metrics['global_tokens_per_s']:.0f} tok/s" if metrics["tokens_per_s"] else "")
             + (f" | MFU {metrics['mfu']:.1%}" if "mfu" in metrics else "")
         )
 
