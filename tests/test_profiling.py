@@ -420,3 +420,40 @@ def test_make_fits_stops_at_a_real_cuda_oom_without_leaking() -> None:
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
         torch.cuda.empty_cache()
+
+
+# --- profiler traces ---------------------------------------------------------------------
+
+
+def test_profile_steps_writes_a_trace_of_the_active_steps(tmp_path: Any) -> None:
+    from gpu_training.profiling import profile_steps
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    calls: list[int] = []
+
+    def step(i: int) -> None:
+        calls.append(i)
+        model(torch.randn(16, 32)).sum().backward()
+
+    result = profile_steps(step, tmp_path / "prof", steps=3, warmup=1)
+    assert calls == [0, 1, 2, 3]
+    assert result.trace_path == tmp_path / "prof" / "trace_rank0.json"
+    import json
+
+    events = json.loads(result.trace_path.read_text())["traceEvents"]
+    steps = {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert steps == {"ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"}  # warm-up dropped
+    assert "aten::addmm" in result.table
+    # Other ranks run the same steps (same collectives) but neither profile nor write.
+    calls.clear()
+    other = profile_steps(
+        step,
+        tmp_path / "other",
+        steps=2,
+        warmup=0,
+        ctx=DistributedContext(rank=1, world_size=2, local_world_size=2),
+    )
+    assert other.trace_path is None and calls == [0, 1]
+    assert not (tmp_path / "other").exists()
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        profile_steps(step, tmp_path, steps=0)

@@ -9,9 +9,11 @@ The guide's tree::
 
 "Fits" is decided from bytes, not guesses: the model state per GPU under each candidate
 (replicated, ZeRO-1/2, fully sharded, optimizer offloaded) plus activations, against the GPU's
-memory less a fixed overhead. The byte model is a pure function
-(:func:`model_state_bytes`), and :func:`choose_strategy` accepts a better estimate in its
-place. No torch import::
+memory less a fixed overhead. The byte model lives in :mod:`gpu_training.memory` (this module
+re-exports :func:`model_state_bytes`, :func:`per_gpu_bytes` and :func:`format_bytes`), and
+:func:`choose_strategy` accepts measured per-candidate bytes from
+:meth:`gpu_training.memory.MemoryProfile.estimate` in their place (``gpu-training plan`` does).
+No torch import::
 
     >>> choice = choose_strategy(6_740_000_000, gpu_memory_bytes=80 * 2**30, num_gpus=8)
     >>> choice.strategy
@@ -21,10 +23,20 @@ place. No torch import::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_training.strategy.spec import StrategyConfig, StrategyError, did_you_mean
+from gpu_training.memory.budget import (
+    DEFAULT_OVERHEAD_BYTES,
+    OPTIMIZER_STATE_BYTES,
+    MemoryBudgetError,
+    ModelStateBytes,
+    format_bytes,
+    per_gpu_bytes,
+)
+from gpu_training.memory.budget import model_state_bytes as _model_state_bytes
+from gpu_training.strategy.spec import StrategyConfig, StrategyError
 
 __all__ = [
     "CANDIDATES",
@@ -38,17 +50,6 @@ __all__ = [
     "per_gpu_bytes",
 ]
 
-OPTIMIZER_STATE_BYTES: dict[str, int] = {
-    "adamw": 8,  # two fp32 moments
-    "adam": 8,
-    "sgd_momentum": 4,  # one fp32 momentum buffer
-    "sgd": 0,
-}
-"""Optimizer state in bytes per parameter (fp32 state)."""
-
-DEFAULT_OVERHEAD_BYTES = 500 * 2**20
-"""CUDA context, allocator slack and communication buffers (the guide's "500 MB")."""
-
 CANDIDATES: tuple[str, ...] = ("ddp", "zero1", "zero2", "fsdp", "zero3_offload")
 """Per-GPU memory is estimated for each: replicated, ZeRO-1, ZeRO-2, fully sharded (FSDP or
 ZeRO-3) and ZeRO-3 with the optimizer state (and fp32 master weights) offloaded to CPU."""
@@ -57,39 +58,13 @@ _SMALL = 10 * 10**9
 _LARGE = 100 * 10**9
 
 
-@dataclass(frozen=True)
-class ModelStateBytes:
-    """Bytes of model state for the whole model, before any sharding."""
-
-    weights: int
-    """Parameters as the forward pass uses them."""
-
-    gradients: int
-    """One gradient per parameter."""
-
-    optimizer: int
-    """Optimizer state plus, in mixed precision, the fp32 master copy of the weights."""
-
-    @property
-    def total(self) -> int:
-        """Weights + gradients + optimizer."""
-        return self.weights + self.gradients + self.optimizer
-
-
 def model_state_bytes(
     num_params: int, precision: str = "bf16", optimizer: str | int = "adamw"
 ) -> ModelStateBytes:
     """Weights, gradients and optimizer state of ``num_params`` parameters.
 
-    fp32: 4 + 4 bytes per parameter plus the optimizer state. bf16/fp16 mixed precision
-    (ZeRO accounting): 2 + 2 bytes plus a 4-byte fp32 master copy and the optimizer state —
-    the same 16 bytes per parameter with AdamW: mixed precision saves activation memory and
-    time, not model-state memory.
-
-    Args:
-        num_params: Parameter count.
-        precision: ``fp32``, ``bf16``, ``fp16`` (``auto`` counts as bf16).
-        optimizer: A name from :data:`OPTIMIZER_STATE_BYTES` or bytes of state per parameter.
+    :func:`gpu_training.memory.model_state_bytes`, raising :class:`StrategyError` (a
+    ``ConfigError``) so a bad strategy input is one CLI line like every other.
 
     Raises:
         StrategyError: For a negative count, an unknown precision or optimizer.
@@ -98,61 +73,10 @@ def model_state_bytes(
         >>> model_state_bytes(10**9, "fp32").total / 10**9
         16.0
     """
-    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 0:
-        raise StrategyError(f"num_params must be an integer >= 0, got {num_params!r}")
-    if isinstance(optimizer, str):
-        key = optimizer.lower()
-        if key not in OPTIMIZER_STATE_BYTES:
-            raise StrategyError(
-                f"unknown optimizer {optimizer!r}{did_you_mean(key, OPTIMIZER_STATE_BYTES)}; "
-                f"expected one of {', '.join(OPTIMIZER_STATE_BYTES)} or bytes per parameter"
-            )
-        state = OPTIMIZER_STATE_BYTES[key]
-    elif isinstance(optimizer, int) and not isinstance(optimizer, bool) and optimizer >= 0:
-        state = optimizer
-    else:
-        raise StrategyError(f"optimizer must be a name or bytes per parameter, got {optimizer!r}")
-    if precision == "fp32":
-        return ModelStateBytes(4 * num_params, 4 * num_params, state * num_params)
-    if precision in ("bf16", "fp16", "auto"):
-        return ModelStateBytes(2 * num_params, 2 * num_params, (4 + state) * num_params)
-    raise StrategyError(
-        f"precision must be fp32, bf16, fp16 or auto, got {precision!r}"
-        f"{did_you_mean(str(precision), ('fp32', 'bf16', 'fp16'))}"
-    )
-
-
-def per_gpu_bytes(
-    state: ModelStateBytes, num_gpus: int, activation_bytes: int = 0
-) -> dict[str, int]:
-    """Bytes per GPU under each of :data:`CANDIDATES` (model state + activations).
-
-    Example:
-        >>> s = ModelStateBytes(weights=4, gradients=4, optimizer=8)
-        >>> per_gpu_bytes(s, 2)
-        {'ddp': 16, 'zero1': 12, 'zero2': 10, 'fsdp': 8, 'zero3_offload': 4}
-    """
-    n = num_gpus
-    w, g, o, a = state.weights, state.gradients, state.optimizer, activation_bytes
-    return {
-        "ddp": w + g + o + a,
-        "zero1": w + g + math.ceil(o / n) + a,
-        "zero2": w + math.ceil((g + o) / n) + a,
-        "fsdp": math.ceil((w + g + o) / n) + a,
-        "zero3_offload": math.ceil((w + g) / n) + a,
-    }
-
-
-def format_bytes(num: float) -> str:
-    """Bytes as GiB/MiB with one decimal.
-
-    Example:
-        >>> format_bytes(80 * 2**30), format_bytes(500 * 2**20)
-        ('80.0 GiB', '500.0 MiB')
-    """
-    if abs(num) >= 2**30:
-        return f"{num / 2**30:.1f} GiB"
-    return f"{num / 2**20:.1f} MiB"
+    try:
+        return _model_state_bytes(num_params, precision, optimizer)
+    except MemoryBudgetError as err:
+        raise StrategyError(str(err)) from None
 
 
 def _count(num_params: int) -> str:
@@ -215,6 +139,8 @@ def choose_strategy(
     activation_bytes: int = 0,
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
     state_bytes: ModelStateBytes | None = None,
+    candidate_bytes: Mapping[str, int] | None = None,
+    fsdp_bytes: Callable[[int], int] | None = None,
 ) -> StrategyChoice:
     """Apply the guide's decision tree to a memory estimate, and say why.
 
@@ -235,6 +161,11 @@ def choose_strategy(
         overhead_bytes: Memory per GPU that training cannot use.
         state_bytes: A better estimate of the model state, replacing
             :func:`model_state_bytes` (e.g. from a memory profiler).
+        candidate_bytes: Measured bytes per GPU of each of :data:`CANDIDATES` (activations
+            and temporary buffers included, overhead not), replacing :func:`per_gpu_bytes`;
+            e.g. ``{c: profile.estimate(b, strategy=c, world_size=n).allocated ...}``.
+        fsdp_bytes: ``fsdp_bytes(k)``: bytes per GPU of full sharding over ``k`` GPUs, to find
+            the GPU count at which it fits (default: state / k + the rest of the fsdp figure).
 
     Returns:
         A :class:`StrategyChoice` with per-GPU bytes of every candidate and the reason.
@@ -258,6 +189,11 @@ def choose_strategy(
     )
     usable = gpu_memory_bytes - overhead_bytes
     per_gpu = per_gpu_bytes(state, n, activation_bytes)
+    if candidate_bytes is not None:
+        missing = [c for c in CANDIDATES if c not in candidate_bytes]
+        if missing:
+            raise StrategyError(f"candidate_bytes lacks {', '.join(missing)}")
+        per_gpu = {c: int(candidate_bytes[c]) for c in CANDIDATES}
     fmt = format_bytes
     head = (
         f"{_count(num_params)} params: weights {fmt(state.weights)} + gradients "
@@ -297,8 +233,7 @@ def choose_strategy(
             f"DDP replicates it on {n} GPUs, the fastest option",
         )
 
-    room = usable - activation_bytes
-    min_gpus = math.ceil(state.total / room) if room > 0 else None
+    min_gpus = _min_gpus(state, per_gpu["fsdp"], n, usable, fsdp_bytes)
     sharded_fits = n > 1 and per_gpu["fsdp"] <= usable
     why = f"Replicated state does not fit one GPU ({fmt(per_gpu['ddp'])} > {fmt(usable)}). "
     if sharded_fits and num_params <= _LARGE:
@@ -334,8 +269,8 @@ def choose_strategy(
     gpus_hint = (
         f"full sharding without offload needs >= {min_gpus} GPUs"
         if min_gpus is not None
-        else f"activations alone ({fmt(activation_bytes)}) exceed the usable memory: reduce the "
-        "micro-batch or enable activation checkpointing"
+        else f"activations alone ({fmt(per_gpu['fsdp'] - math.ceil(state.total / n))}) exceed "
+        "the usable memory: reduce the micro-batch or enable activation checkpointing"
     )
     if offload_fits:
         why += (
@@ -348,3 +283,31 @@ def choose_strategy(
         f"does not fit; {gpus_hint}"
     )
     return choice("deepspeed", 3, "optimizer", False, why, min_gpus)
+
+
+def _min_gpus(
+    state: ModelStateBytes,
+    fsdp_at_n: int,
+    n: int,
+    usable: int,
+    fsdp_bytes: Callable[[int], int] | None,
+) -> int | None:
+    """The fewest GPUs over which full sharding fits, or None if no count does."""
+    if fsdp_bytes is None:
+        fixed = fsdp_at_n - math.ceil(state.total / n)  # activations etc.: not sharded
+        room = usable - fixed
+        return math.ceil(state.total / room) if room > 0 else None
+    # Monotone in k: double until it fits (or clearly never will), then bisect.
+    high = 1
+    while fsdp_bytes(high) > usable:
+        if high > 2**20:
+            return None
+        high *= 2
+    low = high // 2  # does not fit (or 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fsdp_bytes(middle) <= usable:
+            high = middle
+        else:
+            low = middle
+    return high

@@ -1,0 +1,162 @@
+"""``gpu-training monitor``: a live table of the GPUs, and what looks wrong with them.
+
+Reads NVML (the ``monitor`` extra) or ``nvidia-smi``; ``--replay`` reads recorded
+``nvidia-smi --query-gpu`` CSV instead, which is how the rules are tried without a GPU::
+
+    $ gpu-training monitor                 # live table, refreshed every 2 s (Ctrl-C stops)
+    $ gpu-training monitor --once --json   # one snapshot for machines
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add ``monitor`` to the ``gpu-training`` parser."""
+    from gpu_training.cli import _positive_int
+
+    parser = subparsers.add_parser(
+        "monitor",
+        help="live GPU table with anomaly checks (throttling, ECC, stragglers, GPU 0 pile-up)",
+        description=(
+            "Show every GPU's utilisation, memory, temperature, power and processes, and flag "
+            "memory near full, thermal or power throttling, ECC errors, a utilisation "
+            "imbalance (straggler), every process on GPU 0, and idle GPUs while others work. "
+            "Without a GPU it says so and exits 0."
+        ),
+    )
+    parser.add_argument("--once", action="store_true", help="one snapshot, then exit")
+    parser.add_argument("--json", action="store_true", help="JSON (one line per snapshot)")
+    parser.add_argument(
+        "--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (2)"
+    )
+    parser.add_argument("--count", type=_positive_int, metavar="N", help="stop after N refreshes")
+    parser.add_argument(
+        "--replay",
+        metavar="CSV",
+        help="read a recorded `nvidia-smi --query-gpu` CSV instead of the GPUs",
+    )
+    parser.add_argument(
+        "--replay-apps",
+        metavar="CSV",
+        help="with --replay: recorded `nvidia-smi --query-compute-apps` CSV",
+    )
+    parser.set_defaults(_run=_run_monitor)
+
+
+def _snapshot(args: argparse.Namespace) -> list[Any]:
+    from gpu_training.cli import UsageError
+    from gpu_training.monitor import _with_processes, parse_apps_csv, parse_gpu_csv, query_gpus
+
+    if args.replay is None:
+        if args.replay_apps is not None:
+            raise UsageError("monitor: --replay-apps needs --replay")
+        return query_gpus()
+    try:
+        states = parse_gpu_csv(Path(args.replay).read_text(encoding="utf-8"))
+        if args.replay_apps is not None:
+            apps = parse_apps_csv(Path(args.replay_apps).read_text(encoding="utf-8"))
+            states = _with_processes(states, apps)
+    except OSError as err:
+        raise UsageError(f"monitor: cannot read {err.filename}: {err.strerror}") from None
+    except ValueError as err:
+        raise UsageError(f"monitor: {args.replay}: {err}") from None
+    return states
+
+
+def _table(states: list[Any], anomalies: list[Any]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=time.strftime("GPUs at %H:%M:%S"), title_justify="left")
+    for column in ("GPU", "name", "util", "memory", "temp", "power", "procs", "throttle"):
+        table.add_column(column, justify="left" if column in ("name", "throttle") else "right")
+    for s in states:
+        fraction = s.memory_fraction
+        memory = (
+            f"{(s.memory_used or 0) / 2**30:.1f}/{(s.memory_total or 0) / 2**30:.1f} GiB "
+            f"{fraction:.0%}"
+            if fraction is not None
+            else "-"
+        )
+        table.add_row(
+            str(s.index),
+            s.name,
+            f"{s.utilization_gpu:.0f}%" if s.utilization_gpu is not None else "-",
+            memory,
+            f"{s.temperature_c:.0f}°C" if s.temperature_c is not None else "-",
+            f"{s.power_draw_w:.0f} W" if s.power_draw_w is not None else "-",
+            str(len(s.processes)) if s.processes is not None else "?",
+            ",".join(s.throttle_names) or "-",
+        )
+    styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+    lines = [Text(f"[{a.severity}] {a.message}", style=styles[a.severity]) for a in anomalies]
+    if not anomalies:
+        lines = [Text("no anomalies", style="green")]
+    return Group(table, *lines)
+
+
+def _run_monitor(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from gpu_training.monitor import NoGPUError, detect_anomalies, states_to_json
+
+    console = Console(highlight=False)
+    refreshes = 1 if args.once else args.count
+    done = 0
+    live = None
+    try:
+        while refreshes is None or done < refreshes:
+            try:
+                states = _snapshot(args)
+            except NoGPUError as err:
+                message = (
+                    str(err)
+                    if str(err).startswith("no NVIDIA GPU")
+                    else (f"no NVIDIA GPU found ({err})")
+                )
+                if args.json:
+                    print(json.dumps({"gpus": [], "anomalies": [], "message": message}))
+                else:
+                    print(message)
+                return 0
+            anomalies = detect_anomalies(states)
+            done += 1
+            if args.json:
+                print(states_to_json(states, anomalies), flush=True)
+            elif args.once or not console.is_terminal:
+                console.print(_table(states, anomalies))
+            else:
+                if live is None:
+                    from rich.live import Live
+
+                    live = Live(_table(states, anomalies), console=console, auto_refresh=False)
+                    live.start()
+                live.update(_table(states, anomalies), refresh=True)
+            if refreshes is None or done < refreshes:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None:
+            live.stop()
+    return 0

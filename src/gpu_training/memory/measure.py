@@ -1,0 +1,676 @@
+"""Measuring what a training step holds: saved-for-backward bytes and the live-tensor peak.
+
+Two instruments, both working on real tensors and on *fake* ones (metadata only, no storage,
+no arithmetic: ``torch._subclasses.FakeTensorMode``, the machinery ``torch.compile`` traces
+with), so a 7B model's step is "run" on a laptop in well under a second:
+
+- :func:`torch.autograd.graph.saved_tensors_hooks` sees every tensor autograd keeps for
+  backward; the unique storages among them, parameters and buffers excluded, are the
+  activations.
+- :class:`LiveTensorTracker`, a ``TorchDispatchMode``, sees every tensor an operator creates
+  and when its storage dies, so it knows the live bytes after every operator: the peak of a
+  forward + backward, and of an optimizer step.
+
+:func:`profile_step` runs one training step (forward under autocast, backward, clipping,
+optimizer step) on fake copies of a model's parameters and reports both, with the saved bytes
+attributed to the model's repeated blocks so activation checkpointing can be priced too.
+
+Example:
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    >>> make_batch = lambda n: (torch.randn(n, 64), torch.randint(10, (n,)))
+    >>> fake = profile_step(model, make_batch, 32, loss_fn=nn.functional.cross_entropy)
+    >>> fake.saved == measure_activation_bytes(model, make_batch(32), nn.functional.cross_entropy)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = [
+    "LiveTensorTracker",
+    "StepSample",
+    "build_optimizer",
+    "detect_blocks",
+    "measure_activation_bytes",
+    "profile_step",
+    "storage_key",
+]
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+BatchFactory = Callable[[int], Sequence[Any]]
+
+
+# --- storages ------------------------------------------------------------------------------
+
+
+def storage_key(tensor: torch.Tensor) -> int | None:
+    """Identity of the storage behind ``tensor`` (views share it), or None if it has none.
+
+    Example:
+        >>> t = torch.zeros(4)
+        >>> storage_key(t) == storage_key(t[1:])
+        True
+    """
+    try:
+        return int(tensor.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return None
+
+
+def _storage_bytes(tensor: torch.Tensor) -> int:
+    return int(tensor.untyped_storage().nbytes())
+
+
+def _unique_bytes(tensors: Iterator[torch.Tensor] | Sequence[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        key = storage_key(t)
+        if key is not None and key not in seen:
+            seen[key] = _storage_bytes(t)
+    return sum(seen.values())
+
+
+def _state_keys(model: nn.Module) -> set[int]:
+    keys = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
+    return {k for k in keys if k is not None}
+
+
+# --- the live-tensor tracker ---------------------------------------------------------------
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Live bytes of the tensors operators create while active, and their peak.
+
+    A tensor's storage counts from the operator that created it until the last tensor using
+    it dies (views and in-place results share the count). Tensors that existed before the
+    tracker started (parameters, say) are not counted, nor are in-place updates of them.
+    Works under ``FakeTensorMode`` as on real tensors; on the CPU it is the only way to see a
+    step's peak, since the CPU allocator keeps no statistics. Scratch memory inside a kernel
+    (cuBLAS/cuDNN workspaces) is invisible to it.
+
+    Example:
+        >>> with LiveTensorTracker() as tracker:
+        ...     a = torch.zeros(1024)           # 4 KiB
+        ...     b = a * 2                       # 4 KiB more
+        ...     del a
+        >>> tracker.peak_bytes, tracker.current_bytes
+        (8192, 4096)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._counts: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
+        self._held: set[int] = set()
+        # id -> weakref (a set would compare tensors with ==, elementwise).
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        self.current_bytes = 0
+        """Bytes of tracked storages alive now (held ones excluded)."""
+        self.held_bytes = 0
+        """Bytes of live storages moved aside with :meth:`hold` (a step's gradients)."""
+        self.peak_bytes = 0
+        """Most :attr:`current_bytes` at once since the start (or :meth:`reset_peak`)."""
+        self.held_at_peak = 0
+        """:attr:`held_bytes` when :attr:`peak_bytes` was reached."""
+        self.peak_total = 0
+        """Most :attr:`current_bytes` + :attr:`held_bytes` at once."""
+        self.trace: list[tuple[int, int]] | None = None
+        """When a list: ``(current_bytes, held_bytes)`` after every operator is appended."""
+
+    def reset_peak(self) -> None:
+        """Start new peaks from the bytes alive now (to measure one phase of a step)."""
+        self.peak_bytes = self.current_bytes
+        self.held_at_peak = self.held_bytes
+        self.peak_total = self.current_bytes + self.held_bytes
+
+    def _update_peaks(self) -> None:
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self.held_at_peak = self.held_bytes
+        self.peak_total = max(self.peak_total, self.current_bytes + self.held_bytes)
+
+    def track(self, tensor: torch.Tensor) -> None:
+        """Count an existing tensor as if an operator had just created it (e.g. the inputs)."""
+        key = storage_key(tensor)
+        if key is None:
+            return
+        if key not in self._counts:
+            self._counts[key] = 0
+            self._sizes[key] = _storage_bytes(tensor)
+            self.current_bytes += self._sizes[key]
+            self._update_peaks()
+        self._counts[key] += 1
+        # PyObject preservation keeps a tensor's Python object alive as long as autograd holds
+        # the tensor, so this callback fires when the tensor itself dies, not just its name.
+        ref = weakref.ref(tensor, functools.partial(self._release, key))
+        self._refs[id(ref)] = ref
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        """Move a tracked storage from :attr:`current_bytes` to :attr:`held_bytes`.
+
+        For gradients: sharded strategies free them (reduce-scatter) as backward goes, so the
+        backward peak is wanted with and without them.
+        """
+        key = storage_key(tensor)
+        if key is None or key not in self._counts or key in self._held:
+            return
+        self._held.add(key)
+        self.current_bytes -= self._sizes[key]
+        self.held_bytes += self._sizes[key]
+
+    def _release(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
+        self._refs.pop(id(ref), None)
+        count = self._counts.get(key)
+        if count is None:
+            return
+        if count > 1:
+            self._counts[key] = count - 1
+            return
+        del self._counts[key]
+        size = self._sizes.pop(key)
+        if key in self._held:
+            self._held.discard(key)
+            self.held_bytes -= size
+        else:
+            self.current_bytes -= size
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            storage_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = storage_key(t)
+            # An in-place result or a view of a tensor from before tracking is no allocation.
+            if key in inputs and key not in self._counts:
+                continue
+            self.track(t)
+        if self.trace is not None:
+            self.trace.append((self.current_bytes, self.held_bytes))
+        return out
+
+
+# --- blocks --------------------------------------------------------------------------------
+
+
+def detect_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: same-class children of a ``ModuleList``/``Sequential``.
+
+    The group covering the most parameters wins (a transformer's layer stack, not the two
+    linears of each layer's MLP). The same rule as ``gpu_training.strategy.detect_blocks``,
+    which sits above this module and raises instead of returning ``[]``.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 8))
+        >>> [type(b).__name__ for b in detect_blocks(m)]
+        ['Linear', 'Linear']
+    """
+    best: list[nn.Module] = []
+    best_size = -1
+    for container in model.modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            continue
+        groups: dict[type, list[nn.Module]] = {}
+        for child in container.children():
+            if any(True for _ in child.parameters()):
+                groups.setdefault(type(child), []).append(child)
+        for members in groups.values():
+            size = sum(p.numel() for m in members for p in m.parameters())
+            if len(members) >= 2 and size > best_size:
+                best, best_size = members, size
+    return best
+
+
+# --- fake copies of a model's state ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _swapped_state(
+    model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[None]:
+    """Temporarily replace every parameter and buffer by ``convert(tensor)`` (tied stay tied)."""
+    memo: dict[int, torch.Tensor] = {}
+    saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    try:
+        for module in model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is None:
+                    continue
+                if id(param) not in memo:
+                    memo[id(param)] = nn.Parameter(
+                        convert(param.detach()), requires_grad=param.requires_grad
+                    )
+                saved.append((module._parameters, name, param))
+                module._parameters[name] = memo[id(param)]  # type: ignore[assignment]
+            for name, buf in list(module._buffers.items()):
+                if buf is None:
+                    continue
+                if id(buf) not in memo:
+                    memo[id(buf)] = convert(buf)
+                saved.append((module._buffers, name, buf))
+                module._buffers[name] = memo[id(buf)]
+        yield
+    finally:
+        for table, name, original in saved:
+            table[name] = original
+
+
+@contextlib.contextmanager
+def _checkpointed(blocks: Sequence[nn.Module]) -> Iterator[None]:
+    """Run each block under non-reentrant ``torch.utils.checkpoint`` (recomputed in backward)."""
+    from torch.utils.checkpoint import checkpoint
+
+    originals = [block.forward for block in blocks]
+    try:
+        for block, forward in zip(blocks, originals, strict=True):
+            # preserve_rng_state=False: the fake step needs no bitwise-equal dropout masks.
+            block.forward = functools.partial(
+                checkpoint, forward, use_reentrant=False, preserve_rng_state=False
+            )
+        yield
+    finally:
+        for block, forward in zip(blocks, originals, strict=True):
+            block.forward = forward
+
+
+# --- optimizer -----------------------------------------------------------------------------
+
+
+def build_optimizer(
+    name: str, params: Sequence[torch.Tensor], *, foreach: bool | None = None
+) -> torch.optim.Optimizer:
+    """The torch optimizer a name from :data:`~gpu_training.memory.OPTIMIZER_STATE_BYTES` means.
+
+    ``foreach=True`` is what torch picks on CUDA: one batched update over all parameters,
+    which allocates scratch the size of all of them at once; the CPU default loops.
+
+    Raises:
+        ValueError: For an unknown name.
+    """
+    key = name.lower()
+    if key in ("adamw", "adam"):
+        cls = torch.optim.AdamW if key == "adamw" else torch.optim.Adam
+        return cls(params, lr=1e-3, foreach=foreach)
+    if key in ("sgd", "sgd_momentum"):
+        momentum = 0.9 if key == "sgd_momentum" else 0.0
+        return torch.optim.SGD(params, lr=1e-3, momentum=momentum, foreach=foreach)
+    raise ValueError(f"unknown optimizer {name!r}; expected adamw, adam, sgd or sgd_momentum")
+
+
+# --- the measured step ---------------------------------------------------------------------
+
+
+@dataclass
+class StepSample:
+    """What one measured training step at one micro-batch held (bytes)."""
+
+    batch_size: int
+    saved: int = 0
+    """Unique storages saved for backward (parameters and buffers excluded): activations."""
+    saved_outside_blocks: int = 0
+    """Saved bytes produced outside the repeated blocks, plus every block's input: what
+    activation checkpointing of the blocks keeps."""
+    saved_per_block: list[int] = field(default_factory=list)
+    """Saved bytes attributed to each block (the first block that saved a storage owns it)."""
+    block_inputs: int = 0
+    """Unique bytes of the blocks' inputs."""
+    largest_saved: int = 0
+    """The largest single saved storage."""
+    inputs: int = 0
+    """The batch's own tensors."""
+    backward_peak: int = 0
+    """Peak bytes, gradients excluded, of tensors created from forward to the end of backward."""
+    grads_at_backward_peak: int = 0
+    """Gradient bytes already accumulated when :attr:`backward_peak` was reached."""
+    optimizer_peak: int = 0
+    """Peak bytes (gradients included) during clipping + optimizer step."""
+    gradients: int = 0
+    optimizer_state: int = 0
+    fake: bool = True
+    """True when measured on fake tensors (no compute), False on a real forward + backward."""
+    trace: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    """``(bytes alive, gradient bytes alive)`` after each operator of forward and backward:
+    at another batch the same operators run, so the peak at any batch follows from two traces
+    (the moment of the peak can move with the batch)."""
+    marks: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    """Per block, the :attr:`trace` index where its ``fwd_start``, ``fwd_end``, ``bwd_start``
+    and ``bwd_end`` fall (-1: not seen): where one more identical block would go."""
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    first = next(t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor))
+    return first.float().mean()
+
+
+def _autocast(
+    device: torch.device, dtype: torch.dtype | None
+) -> contextlib.AbstractContextManager[Any]:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class _SavedCounter:
+    """saved_tensors_hooks callbacks attributing each unique saved storage to a block."""
+
+    def __init__(self, exclude: set[int], blocks: Sequence[nn.Module]) -> None:
+        self.exclude = exclude
+        self.owner: dict[int, int] = {}  # storage -> block index (-1: outside every block)
+        self.sizes: dict[int, int] = {}
+        self.block_inputs: dict[int, int] = {}
+        self.active: list[int] = []
+        self.handles: list[Any] = []
+        for index, block in enumerate(blocks):
+            self.handles.append(block.register_forward_pre_hook(self._enter(index)))
+            self.handles.append(block.register_forward_hook(self._leave))
+
+    def _enter(self, index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            self.active.append(index)
+            for t in tree_flatten(args)[0]:
+                key = storage_key(t) if isinstance(t, torch.Tensor) else None
+                if key is not None and key not in self.exclude:
+                    self.block_inputs[key] = _storage_bytes(t)
+
+        return hook
+
+    def _leave(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self.active:
+            self.active.pop()
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = storage_key(tensor)
+        if key is not None and key not in self.exclude and key not in self.owner:
+            self.owner[key] = self.active[-1] if self.active else -1
+            self.sizes[key] = _storage_bytes(tensor)
+        return tensor
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def fill(self, sample: StepSample, num_blocks: int) -> None:
+        sample.saved = sum(self.sizes.values())
+        sample.largest_saved = max(self.sizes.values(), default=0)
+        sample.block_inputs = sum(self.block_inputs.values())
+        per_block = [0] * num_blocks
+        kept = dict(self.block_inputs)  # what checkpointing keeps: block inputs + outside
+        for key, owner in self.owner.items():
+            if owner < 0:
+                kept[key] = self.sizes[key]
+            elif key not in self.block_inputs:
+                per_block[owner] += self.sizes[key]
+        sample.saved_per_block = per_block
+        sample.saved_outside_blocks = sum(kept.values())
+
+
+def _device_of(model: nn.Module, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device if t.device.type != "meta" else torch.device("cpu")
+    return torch.device("cpu")
+
+
+def profile_step(
+    model: nn.Module,
+    make_batch: BatchFactory,
+    batch_size: int,
+    *,
+    loss_fn: LossFn | None = None,
+    precision_dtype: torch.dtype | None = None,
+    optimizer: str = "adamw",
+    device: torch.device | str | None = None,
+    foreach: bool | None = None,
+    blocks: Sequence[nn.Module] = (),
+    checkpoint_blocks: bool = False,
+    fake: bool = True,
+    scalars_on_host: bool = False,
+    param_dtype: torch.dtype | None = None,
+) -> StepSample:
+    """Measure one training step of ``model`` at ``batch_size``.
+
+    Forward (under autocast to ``precision_dtype``) with saved-tensor hooks, backward, global
+    norm clipping and an optimizer step from scratch, inside a :class:`LiveTensorTracker`.
+    With ``fake=True`` (the default) parameters, buffers and the batch are swapped for fake
+    tensors on ``device`` for the duration: nothing is computed or allocated, the model (even
+    one built on the ``meta`` device) is left untouched. With ``fake=False`` the forward and
+    backward really run (the fallback for models fake tensors cannot trace); the optimizer
+    step is skipped, and gradients and buffers are restored afterwards.
+
+    Args:
+        model: The model.
+        make_batch: ``make_batch(n) -> (*inputs, target)`` of real tensors (CPU is fine).
+        batch_size: Micro-batch to measure.
+        loss_fn: ``loss_fn(output, target)``; default: the mean of the first output tensor.
+        precision_dtype: Autocast dtype, or None for fp32.
+        optimizer: Optimizer name (see :func:`build_optimizer`).
+        device: Device the step runs on (default: the model's; CPU for a meta model).
+        foreach: Optimizer implementation (None: torch's default for the device).
+        blocks: Repeated blocks to attribute saved bytes to (see :func:`detect_blocks`).
+        checkpoint_blocks: Run each block under activation checkpointing.
+        fake: Measure on fake tensors (True) or run the real forward and backward.
+        scalars_on_host: Leave 0-dim optimizer state (Adam's step counters) out, as on CUDA,
+            where torch keeps them in host memory, when simulating CUDA on the CPU.
+        param_dtype: Cast floating-point parameters to this dtype (fake tensors only), as
+            FSDP's ``MixedPrecisionPolicy`` and DeepSpeed's bf16 mode compute: then use
+            ``precision_dtype=None`` (no autocast, so no cached casts of the weights).
+
+    Returns:
+        A :class:`StepSample`.
+    """
+    dev = _device_of(model, device)
+    sample = StepSample(batch_size=batch_size, fake=fake)
+    state: contextlib.AbstractContextManager[Any]
+    mode: contextlib.AbstractContextManager[Any]
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode()
+        mode = fake_mode
+
+        def to_device(t: torch.Tensor) -> torch.Tensor:
+            converted: torch.Tensor = fake_mode.from_tensor(t)
+            if converted.device != dev:
+                with fake_mode:
+                    converted = converted.to(dev)
+            return converted
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            converted = to_device(t)
+            if param_dtype is not None and converted.is_floating_point():
+                with fake_mode:
+                    converted = converted.to(param_dtype)
+            return converted
+
+        state = _swapped_state(model, convert)
+        snapshot: dict[str, torch.Tensor] = {}
+    else:
+        mode = state = contextlib.nullcontext()
+        snapshot = {k: v.detach().clone() for k, v in model.named_buffers()}
+
+        def to_device(t: torch.Tensor) -> torch.Tensor:
+            return t.to(dev)
+
+    batch = list(make_batch(batch_size))
+    was_training = model.training
+    with state:
+        counter = _SavedCounter(_state_keys(model), blocks)
+        params = [p for p in model.parameters() if p.requires_grad]
+        tracker = LiveTensorTracker()
+        handles = [p.register_post_accumulate_grad_hook(_holder(tracker)) for p in params]
+        handles += _mark_blocks(blocks, tracker, sample.marks)
+        ckpt = _checkpointed(blocks) if checkpoint_blocks else contextlib.nullcontext()
+        try:
+            with mode, ckpt:
+                model.train()
+                tensors = [to_device(t) if isinstance(t, torch.Tensor) else t for t in batch]
+                *inputs, target = tensors
+                tracker.trace = sample.trace
+                with tracker:
+                    for t in tensors:
+                        if isinstance(t, torch.Tensor):
+                            tracker.track(t)
+                    sample.inputs = tracker.current_bytes
+                    hooks = torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t)
+                    with hooks, _autocast(dev, precision_dtype):
+                        output = model(*inputs)
+                        loss = loss_fn(output, target) if loss_fn else _loss_of(output)
+                    del output
+                    loss.backward()
+                    del loss
+                    tracker.trace = None
+                    sample.backward_peak = tracker.peak_bytes
+                    sample.grads_at_backward_peak = tracker.held_at_peak
+                    sample.gradients = _unique_bytes([p.grad for p in params if p.grad is not None])
+                    if fake:
+                        tracker.reset_peak()
+                        torch.nn.utils.clip_grad_norm_(params, 1.0)
+                        opt = build_optimizer(optimizer, params, foreach=foreach)
+                        opt.step()
+                        sample.optimizer_peak = tracker.peak_total
+                        # Adam's step counters stay on the CPU unless capturable: not GPU memory.
+                        sample.optimizer_state = _unique_bytes(
+                            [
+                                v
+                                for s in opt.state.values()
+                                for v in s.values()
+                                if isinstance(v, torch.Tensor)
+                                and v.device == dev
+                                and (v.dim() > 0 or not scalars_on_host)
+                            ]
+                        )
+                        del opt
+        finally:
+            for handle in handles:
+                handle.remove()
+            for p in params:
+                p.grad = None
+            counter.remove()
+            model.train(was_training)
+            if snapshot:
+                with torch.no_grad():
+                    for name, buf in model.named_buffers():
+                        buf.copy_(snapshot[name])
+    counter.fill(sample, len(blocks))
+    return sample
+
+
+def _mark_blocks(
+    blocks: Sequence[nn.Module], tracker: LiveTensorTracker, marks: dict[str, list[int]]
+) -> list[Any]:
+    """Hooks that note where each block's forward and backward begin and end in the trace."""
+    for kind in ("fwd_start", "fwd_end", "bwd_start", "bwd_end"):
+        marks[kind] = [-1] * len(blocks)
+
+    def mark(kind: str, index: int) -> None:
+        if marks[kind][index] < 0 and tracker.trace is not None:
+            marks[kind][index] = len(tracker.trace)
+
+    def on_grad(kind: str, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            mark(kind, index)
+
+        return hook
+
+    def first_grad_tensor(value: Any) -> torch.Tensor | None:
+        for t in tree_flatten(value)[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                return t
+        return None
+
+    def enter(index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            mark("fwd_start", index)
+            tensor = first_grad_tensor(args)
+            if tensor is not None:  # its gradient is ready when the block's backward is done
+                tensor.register_hook(on_grad("bwd_end", index))
+
+        return hook
+
+    def leave(index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            mark("fwd_end", index)
+            tensor = first_grad_tensor(output)
+            if tensor is not None:  # its gradient arriving starts the block's backward
+                tensor.register_hook(on_grad("bwd_start", index))
+
+        return hook
+
+    handles = []
+    for index, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(enter(index)))
+        handles.append(block.register_forward_hook(leave(index)))
+    return handles
+
+
+def _holder(tracker: LiveTensorTracker) -> Callable[[torch.Tensor], None]:
+    def hook(param: torch.Tensor) -> None:
+        if param.grad is not None:
+            tracker.hold(param.grad)
+
+    return hook
+
+
+def measure_activation_bytes(
+    model: nn.Module,
+    batch: Sequence[Any],
+    loss_fn: LossFn | None = None,
+    *,
+    precision_dtype: torch.dtype | None = None,
+) -> int:
+    """Bytes saved for backward by one real forward: the ground truth for activations.
+
+    Runs ``model(*inputs)`` and ``loss_fn(output, target)`` under
+    :func:`torch.autograd.graph.saved_tensors_hooks` and sums the unique storages saved,
+    parameters and buffers excluded. The graph is freed without a backward pass.
+
+    Args:
+        model: The model, in the mode to measure (call ``model.train()`` first for training).
+        batch: ``(*inputs, target)`` on the model's device.
+        loss_fn: ``loss_fn(output, target)``; default: mean of the first output tensor.
+        precision_dtype: Autocast dtype, or None for fp32.
+
+    Returns:
+        Bytes.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+        >>> batch = (torch.randn(32, 64), torch.randint(10, (32,)))
+        >>> measure_activation_bytes(model, batch, nn.functional.cross_entropy)
+        42500
+
+        That is the input (8 KiB), the ReLU output that the second Linear also saves (32 KiB,
+        counted once), the log-softmax (1.25 KiB), the targets (256 B) and the loss's scalar.
+    """
+    exclude = _state_keys(model)
+    counter = _SavedCounter(exclude, ())
+    *inputs, target = batch
+    param = next(iter(model.parameters()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    hooks = torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t)
+    with hooks, _autocast(device, precision_dtype):
+        output = model(*inputs)
+        loss = loss_fn(output, target) if loss_fn else _loss_of(output)
+    del output, loss
+    return sum(counter.sizes.values())
