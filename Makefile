@@ -15,7 +15,7 @@ help:
 	@echo "make test      run the whole test suite"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
-	@echo "make bench     checkpoint and Trainer benchmarks (tables + benchmarks/results/*.json)"
+	@echo "make bench     checkpoint, Trainer, memory-estimate, batch-finder and start-up benchmarks"
 	@echo "make bench-gpu GPT-2 124M shape on one GPU: tokens/s, MFU, memory; then the GPU tests"
 
 $(BIN)/python:
@@ -58,6 +58,8 @@ bench: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[bench]"
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_checkpoint.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_trainer.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_memory.py
+	$(BIN)/python benchmarks/bench_batch_finder.py
 	$(BIN)/python benchmarks/bench_startup.py
 
 # One prepared run for a GPU machine (< 8 min): the GPU benchmark, then the GPU tier of tests.
