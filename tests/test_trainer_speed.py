@@ -139,3 +139,51 @@ def test_compiled_bf16_run_on_cuda_matches_eager(tmp_path: Path) -> None:
     assert torch.backends.cuda.matmul.allow_tf32  # mixed precision turns TF32 on
     assert compiled["train_loss"] == pytest.approx(eager["train_loss"], abs=0.05)
     assert compiled["train_loss"] < compiled["first_loss"]
+
+
+_STALLING_RUN = """
+import sys, tempfile, time
+import torch
+from gpu_training.job import JobConfig
+from gpu_training.tasks import resolve_task
+from gpu_training.trainer import Trainer
+import dataclasses
+
+task = resolve_task("charlm", {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16})
+calls = []
+def slow_loss(outputs, targets):
+    calls.append(1)
+    if len(calls) == 3:
+        time.sleep(30)  # a rank stuck in its step
+    return task.loss_fn(outputs, targets)
+job = JobConfig.from_dict({
+    "task": "charlm",
+    "training": {"global_batch_size": 4, "per_device_batch_size": 4, "max_steps": 6,
+                 "precision": "fp32"},
+    "strategy": {"name": "none"},
+    "run": {"output_dir": sys.argv[1], "progress": False, "plot": False, "tensorboard": False,
+            "eval_every": 100},
+})
+Trainer(job, task=dataclasses.replace(task, loss_fn=slow_loss), quiet=True).fit()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_stall_timeout_ends_a_stuck_run_naming_the_step(tmp_path: Path) -> None:
+    """GPU_TRAINING_STALL_TIMEOUT (train --stall-timeout): the Trainer ticks the watchdog."""
+    import time
+
+    from dist_harness import run_python
+
+    script = tmp_path / "stall.py"
+    script.write_text(_STALLING_RUN)
+    started = time.monotonic()
+    proc = run_python(
+        [str(script), str(tmp_path / "out")],
+        timeout=50,
+        env={"GPU_TRAINING_STALL_TIMEOUT": "2"},
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "stalled" in proc.stderr and "step 2" in proc.stderr, proc.stderr[-2000:]
+    assert elapsed < 25, f"the watchdog took {elapsed:.0f} s"

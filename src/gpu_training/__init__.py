@@ -42,6 +42,10 @@ _EXPORTS: dict[str, str] = {
     # launcher (no torch)
     "single_node_command": "launcher",
     "multi_node_commands": "launcher",
+    "launch_argv": "launcher",
+    "run_torchrun": "launcher",
+    "sbatch_script": "launcher.slurm",
+    "pytorchjob_manifest": "launcher.k8s",
     # checkpoint
     "CheckpointManager": "checkpoint",
     "CheckpointError": "checkpoint",
@@ -69,6 +73,35 @@ _EXPORTS: dict[str, str] = {
     "search_max_batch_size": "profiling",
     "make_fits": "profiling",
     "BatchSizeError": "profiling",
+    "ThroughputMeter": "profiling",
+    "flops_per_token": "profiling",
+    "peak_tflops": "profiling",
+    "profile_steps": "profiling",
+    # memory
+    "MemoryEstimate": "memory",
+    "TransformerShape": "memory",
+    "clear_cuda_cache": "memory",
+    "estimate_memory": "memory",
+    "explain_oom": "memory",
+    "format_bytes": "memory",
+    "memory_tracking": "memory",
+    "profile_memory": "memory",
+    # monitor (no torch)
+    "GPUState": "monitor",
+    "detect_anomalies": "monitor",
+    "query_gpus": "monitor",
+    "query_nvidia_smi": "monitor",
+    # diagnostics (lint and doctor import no torch until run)
+    "lint_paths": "diagnostics",
+    "lint_source": "diagnostics",
+    "verify_setup": "diagnostics",
+    "run_verify": "diagnostics",
+    "assert_grads_in_sync": "diagnostics",
+    "run_doctor": "diagnostics",
+    "StallWatchdog": "diagnostics",
+    "enable_debug_mode": "diagnostics",
+    "entry_point": "diagnostics",
+    "monitored_barrier": "diagnostics",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -119,12 +152,34 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         unwrap_model,
     )
     from gpu_training.job import JobConfig, load_job
-    from gpu_training.launcher import multi_node_commands, single_node_command
+    from gpu_training.launcher import (
+        launch_argv,
+        multi_node_commands,
+        run_torchrun,
+        single_node_command,
+    )
+    from gpu_training.launcher.k8s import pytorchjob_manifest
+    from gpu_training.launcher.slurm import sbatch_script
+    from gpu_training.memory import (
+        MemoryEstimate,
+        TransformerShape,
+        clear_cuda_cache,
+        estimate_memory,
+        explain_oom,
+        format_bytes,
+        memory_tracking,
+        profile_memory,
+    )
+    from gpu_training.monitor import GPUState, detect_anomalies, query_gpus, query_nvidia_smi
     from gpu_training.preemption import EXIT_PREEMPTED, PreemptionHandler, exit_preempted
     from gpu_training.profiling import (
         BatchSizeError,
+        ThroughputMeter,
         find_max_batch_size,
+        flops_per_token,
         make_fits,
+        peak_tflops,
+        profile_steps,
         search_max_batch_size,
     )
     from gpu_training.resume import capture_training_state, restore_training_state

@@ -381,6 +381,19 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="processes on this machine (one per GPU; CPU processes use gloo)",
     )
     add_set_argument(parser, "training.max_steps=100")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="check that every rank calls the same collectives (TORCH_DISTRIBUTED_DEBUG="
+        "DETAIL): a mismatch fails in seconds, naming both ranks, instead of hanging",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=_positive_int,
+        metavar="S",
+        help="end the run after S seconds without a step, naming the stalled rank and "
+        "dumping every rank's stack (default: no watchdog)",
+    )
     parser.set_defaults(_run=_run_train)
 
 
@@ -417,7 +430,15 @@ def _launch_workers(args: argparse.Namespace) -> int:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    import os
+
     from gpu_training.job import load_job
+
+    # Through the environment: torchrun's workers inherit it (and a relaunch keeps it).
+    if args.debug:
+        os.environ["GPU_TRAINING_DEBUG"] = "1"
+    if args.stall_timeout:
+        os.environ["GPU_TRAINING_STALL_TIMEOUT"] = str(args.stall_timeout)
 
     job = load_job(args.config, list(args.overrides))
     if args.nproc > 1 and not _under_launcher():
@@ -425,10 +446,12 @@ def _run_train(args: argparse.Namespace) -> int:
         return _launch_workers(args)
     if not _under_launcher():
         _validate_job(job)
+    from gpu_training.diagnostics.watchdog import entry_point
     from gpu_training.preemption import EXIT_PREEMPTED
     from gpu_training.trainer import Trainer
 
-    summary = Trainer(job).fit()
+    # the rank that raised, with its traceback, is what torchrun reports
+    summary = entry_point(Trainer(job).fit)()
     if summary["preempted"]:
         return EXIT_PREEMPTED
     return 0
@@ -441,7 +464,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[_Parser]], None], ...] 
     _add_ckpt_parser,
 )
 
-_COMMAND_MODULES: tuple[str, ...] = ("launch", "plan", "monitor", "diagnostics")
+_COMMAND_MODULES: tuple[str, ...] = ("launch", "plan", "find_batch", "monitor", "diagnostics")
 """Modules under ``gpu_training.commands`` that add subcommands of their own.
 
 Each one defines ``register(subparsers) -> None`` (same contract as the ``_add_*``

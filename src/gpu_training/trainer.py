@@ -50,6 +50,7 @@ from gpu_training.ddp import (
     reduce_scalar_dict,
     resolve_device,
 )
+from gpu_training.diagnostics.watchdog import StallWatchdog
 from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
 from gpu_training.profiling import ThroughputMeter
@@ -378,7 +379,11 @@ class Trainer:
         first_loss = math.nan
         last_saved = step
         try:
-            with PreemptionHandler(ctx=ctx) as preemption, self._progress(total, step) as advance:
+            with (
+                PreemptionHandler(ctx=ctx) as preemption,
+                self._progress(total, step) as advance,
+                StallWatchdog.from_env(ctx) as watchdog,  # GPU_TRAINING_STALL_TIMEOUT seconds
+            ):
                 # Device-side sums, read every log_every steps: no host sync per step.
                 window_loss = torch.zeros((), dtype=torch.float64, device=device)
                 norms: list[torch.Tensor] = []
@@ -399,6 +404,7 @@ class Trainer:
                         scheduler.step()
                         step += 1
                         self.state.step = step
+                        watchdog.tick(step)
                         advance()
                         norms.append(norm)
                         meter.update(samples_per_step, tokens_per_step)
@@ -423,6 +429,7 @@ class Trainer:
                             step % job.run.eval_every == 0 or step == total
                         ):
                             val = self._evaluate(wrapped, val_loader, device, steps.autocast)
+                            watchdog.tick(step)  # a long evaluation is not a stall
                             self.state.val_metrics = val
                             writer.write("val", step, val)
                             self.print(f"step {step}/{total} | val loss {val['loss']:.4f}")
@@ -432,6 +439,7 @@ class Trainer:
                         stop = step % job.run.log_every == 0 and preemption.should_stop()
                         if step % job.checkpoint.every == 0 or step == total or stop:
                             path = self._save(ckpt, run, step)
+                            watchdog.tick(step)
                             last_saved = step
                             self._emit("on_checkpoint", path)
                         if stop:

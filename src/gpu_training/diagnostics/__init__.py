@@ -1,0 +1,109 @@
+"""Catch the mistakes before they cost a day: ``lint``, ``verify``, ``doctor`` and hang reports.
+
+- :mod:`~gpu_training.diagnostics.lint` — static checks of a training script, one rule per
+  pitfall of the guides (``gpu-training lint``); rule texts in
+  :mod:`~gpu_training.diagnostics.lint_rules`. No torch.
+- :mod:`~gpu_training.diagnostics.verify` — run a user's model and data on N ranks and prove
+  sharding, gradient averaging, accumulation and checkpoint round-trips right
+  (``gpu-training verify``); :func:`assert_grads_in_sync` for a training loop.
+- :mod:`~gpu_training.diagnostics.verify_launch` — :func:`run_verify`: the same on N ranks
+  started with ``torchrun``.
+- :mod:`~gpu_training.diagnostics.doctor` — the environment as a job will see it
+  (``gpu-training doctor``); :mod:`~gpu_training.diagnostics.doctor_probe` checks several
+  nodes with a tiny ``torchrun`` job.
+- :mod:`~gpu_training.diagnostics.watchdog` — hangs that name the rank: :func:`entry_point`,
+  :func:`enable_debug_mode`, :func:`monitored_barrier`, :class:`StallWatchdog`.
+
+Names resolve lazily (``lint`` and ``doctor`` must not pay for ``import torch``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "Finding": "lint",
+    "LintError": "lint",
+    "lint_paths": "lint",
+    "lint_source": "lint",
+    "RULES": "lint_rules",
+    "Rule": "lint_rules",
+    "explain": "lint_rules",
+    "VerifyReport": "verify",
+    "CheckResult": "verify",
+    "GradientSyncError": "verify",
+    "assert_grads_in_sync": "verify",
+    "verify_setup": "verify",
+    "run_verify": "verify_launch",
+    "DoctorCheck": "doctor",
+    "run_doctor": "doctor",
+    "EXIT_STALLED": "watchdog",
+    "StallWatchdog": "watchdog",
+    "StallReport": "watchdog",
+    "enable_debug_mode": "watchdog",
+    "debug_mode_enabled": "watchdog",
+    "entry_point": "watchdog",
+    "monitored_barrier": "watchdog",
+}
+
+__all__ = [
+    "EXIT_STALLED",
+    "RULES",
+    "CheckResult",
+    "DoctorCheck",
+    "Finding",
+    "GradientSyncError",
+    "LintError",
+    "Rule",
+    "StallReport",
+    "StallWatchdog",
+    "VerifyReport",
+    "assert_grads_in_sync",
+    "debug_mode_enabled",
+    "enable_debug_mode",
+    "entry_point",
+    "explain",
+    "lint_paths",
+    "lint_source",
+    "monitored_barrier",
+    "run_doctor",
+    "run_verify",
+    "verify_setup",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_training.diagnostics' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"gpu_training.diagnostics.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from gpu_training.diagnostics.doctor import DoctorCheck, run_doctor
+    from gpu_training.diagnostics.lint import Finding, LintError, lint_paths, lint_source
+    from gpu_training.diagnostics.lint_rules import RULES, Rule, explain
+    from gpu_training.diagnostics.verify import (
+        CheckResult,
+        GradientSyncError,
+        VerifyReport,
+        assert_grads_in_sync,
+        verify_setup,
+    )
+    from gpu_training.diagnostics.verify_launch import run_verify
+    from gpu_training.diagnostics.watchdog import (
+        EXIT_STALLED,
+        StallReport,
+        StallWatchdog,
+        debug_mode_enabled,
+        enable_debug_mode,
+        entry_point,
+        monitored_barrier,
+    )

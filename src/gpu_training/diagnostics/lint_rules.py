@@ -1,0 +1,298 @@
+"""The catalogue of ``gpu-training lint`` rules: one per classic distributed-training pitfall.
+
+Data only (no torch, no AST work): each :class:`Rule` has a code ``GT001``…, a one-line
+message, a longer explanation that quotes the reasoning of the guides the toolkit is built on,
+and a fix. :mod:`gpu_training.diagnostics.lint_checks` finds the pitfalls;
+:mod:`gpu_training.diagnostics.lint` runs the checks and prints them.
+
+Example:
+    >>> RULES["GT007"].name
+    'unguarded-write'
+    >>> print(explain("GT004").splitlines()[0])
+    GT004 shuffle-with-sampler: shuffle=True passed to a DataLoader that also has a sampler
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+__all__ = ["GUIDES", "RULES", "Rule", "explain"]
+
+GUIDES: dict[str, str] = {
+    "dist": "Distributed Training Guide (gpu_training)",
+    "amp": "Mixed-Precision Training (gpu_training)",
+    "tutorial": "PyTorch Distributed Training Tutorial",
+    "strategies": "Distributed Training Guide: strategies and memory",
+    "patterns": "Distributed Training: patterns and synchronisation",
+    "multigpu": "PyTorch Distributed Training: Multi-GPU Guide 2025",
+}
+"""The guides the explanations cite (the project's specification, shared/seeds/*.txt)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One lint rule.
+
+    Attributes:
+        code: ``GT`` and three digits.
+        name: A short kebab-case name.
+        message: The one line printed with each finding.
+        explanation: Why it is a bug, in a few sentences.
+        fix: What to write instead.
+        cites: ``(guide key, section)`` pairs from :data:`GUIDES` backing the explanation.
+    """
+
+    code: str
+    name: str
+    message: str
+    explanation: str
+    fix: str
+    cites: tuple[tuple[str, str], ...]
+
+
+def _rule(
+    code: str, name: str, message: str, explanation: str, fix: str, *cites: tuple[str, str]
+) -> Rule:
+    return Rule(code, name, message, " ".join(explanation.split()), " ".join(fix.split()), cites)
+
+
+_RULE_LIST = [
+    _rule(
+        "GT001",
+        "data-parallel",
+        "torch.nn.DataParallel: use DistributedDataParallel (one process per GPU)",
+        """DataParallel runs one process with one thread per GPU: the GIL and the scatter/gather
+        of every batch through one "master" GPU make it slow and memory-lopsided, and it does
+        not scale beyond one node. "It is effectively deprecated. Do not use it for new work."
+        DDP runs one process per GPU, all-reduces gradients overlapped with backward and is
+        typically 2-3x faster at 4 GPUs.""",
+        """Launch with torchrun, call gpu_training.ddp.init_distributed() and wrap the model in
+        torch.nn.parallel.DistributedDataParallel (gpu_training.strategy.wrap_model(model,
+        "ddp", ctx)).""",
+        ("dist", "Why DDP (and not DataParallel)"),
+        ("tutorial", "Why DDP Instead of DataParallel"),
+    ),
+    _rule(
+        "GT002",
+        "no-set-device",
+        "process group without torch.cuda.set_device(local_rank): every rank lands on cuda:0",
+        """The script creates a process group and puts work on the *current* CUDA device
+        (".cuda()", "cuda", or a fixed "cuda:0") but never pins the process to its own GPU.
+        "Skipping that step is the classic first bug: every rank lands on cuda:0, you run out
+        of memory, and ranks 1..N sit idle." A hard-coded "cuda:0" does the same even after
+        set_device.""",
+        """Call torch.cuda.set_device(local_rank) before init_process_group (or use
+        gpu_training.ddp.init_distributed(), which does it) and use
+        gpu_training.ddp.resolve_device(ctx) instead of a literal device.""",
+        ("dist", "The process group mental model"),
+        ("multigpu", "DDP Training Script"),
+    ),
+    _rule(
+        "GT003",
+        "no-distributed-sampler",
+        "DataLoader in a distributed script without a DistributedSampler: every rank sees the "
+        "same data",
+        """Each rank must see a different slice of the dataset, "or you are just training the
+        same batch N times": without a DistributedSampler "every GPU processes the same data,
+        N x wasted compute, wrong gradients". A RandomSampler or SequentialSampler is not
+        distributed either. (Loaders whose name says validation/evaluation/test are not
+        checked.)""",
+        """sampler = gpu_training.ddp.make_distributed_sampler(dataset, ctx, shuffle=True,
+        seed=...) and DataLoader(dataset, batch_size=..., sampler=sampler, shuffle=(sampler is
+        None)); or a gpu_training.data.GlobalBatchSampler as batch_sampler.""",
+        ("dist", "Sharding data correctly"),
+        ("strategies", "Common Pitfalls"),
+    ),
+    _rule(
+        "GT004",
+        "shuffle-with-sampler",
+        "shuffle=True passed to a DataLoader that also has a sampler",
+        """"Do not also pass shuffle=True to the DataLoader when a sampler is set - PyTorch
+        forbids it": the DataLoader raises "sampler option is mutually exclusive with
+        shuffle". The sampler does the shuffling (DistributedSampler(shuffle=True) with
+        set_epoch).""",
+        """Pass shuffle=(sampler is None) - the idiom that works whether
+        make_distributed_sampler returned a sampler or None - or drop shuffle.""",
+        ("dist", "Sharding data correctly"),
+    ),
+    _rule(
+        "GT005",
+        "no-set-epoch",
+        "epoch loop over a DistributedSampler's loader never calls sampler.set_epoch(epoch)",
+        """"Call sampler.set_epoch(epoch) every epoch. Without it the sampler uses the same
+        shuffle seed each epoch and every rank sees the same order forever." The tutorial
+        lists it with LR scaling as "the two details most often missed by practitioners new
+        to DDP".""",
+        """Call sampler.set_epoch(epoch) at the top of every epoch (on every rank), or use
+        gpu_training.ddp.train_one_epoch(), which does it.""",
+        ("dist", "Sharding data correctly"),
+        ("tutorial", "Common DDP Pitfalls"),
+    ),
+    _rule(
+        "GT006",
+        "ddp-state-dict",
+        "saving the DDP wrapper's state_dict(): keys get a 'module.' prefix",
+        """"torch.save(model.state_dict()) saves DDP-prefixed keys": every key starts with
+        "module.", and the checkpoint does not load into a plain (non-DDP) model for inference
+        or into a run on another strategy. Pickling the wrapper itself (torch.save(model))
+        is worse: it needs the process group to load.""",
+        """Save gpu_training.ddp.unwrap_model(model).state_dict() (or model.module.state_dict()),
+        or let gpu_training.checkpoint.CheckpointManager.save() strip the prefixes.""",
+        ("dist", "Checkpointing without corrupting files"),
+        ("tutorial", "Common DDP Pitfalls"),
+    ),
+    _rule(
+        "GT007",
+        "unguarded-write",
+        "every rank writes this file: guard it with a rank-0 check",
+        """"All ranks hold identical weights, so only rank 0 writes. Having every rank write the
+        same path to a shared filesystem at once corrupts the file." A write outside an
+        `if rank == 0` / `if ctx.is_main_process` guard runs on every process. (A path that
+        contains the rank, i.e. one file per rank, is not flagged, nor is the code of a
+        launcher that starts the ranks from the same file.)""",
+        """Wrap the write in `if ctx.is_main_process:` (followed by a barrier on every rank if
+        others read the file), or use gpu_training.checkpoint.CheckpointManager, which writes
+        on rank 0 atomically and makes save() a barrier.""",
+        ("dist", "Checkpointing without corrupting files"),
+        ("strategies", "Common Pitfalls"),
+    ),
+    _rule(
+        "GT008",
+        "unguarded-log",
+        "printing or logging from every rank: guard it with a rank-0 check",
+        """"Guard all printing, progress bars, and metric uploads with ctx.is_main_process to
+        avoid eight identical log streams." Each rank's number is also only its own shard's:
+        reduce before logging. (Messages that include the rank, error paths in `except`
+        blocks, warnings, loggers whose level is set per rank and a launcher's own code are
+        not flagged.)""",
+        """metrics = reduce_scalar_dict({...}, ctx) on every rank, then `if
+        ctx.is_main_process: print(...)`; give tqdm `disable=not ctx.is_main_process`.""",
+        ("dist", "Logging metrics across ranks"),
+        ("strategies", "Common Pitfalls"),
+        ("tutorial", "Logging and Checkpointing in DDP"),
+    ),
+    _rule(
+        "GT009",
+        "rank-guarded-collective",
+        "collective inside a rank-dependent branch: the other ranks never reach it (deadlock)",
+        """"A barrier that only some ranks reach causes a deadlock; every barrier must be called
+        by all ranks." The same holds for every collective (all_reduce, broadcast, gather...)
+        and for helpers that run one: CheckpointManager.save() is a barrier, reduce_scalar_dict
+        an all-reduce, an FSDP state_dict() an all-gather. Without
+        TORCH_DISTRIBUTED_DEBUG=DETAIL the job hangs silently until the 30-minute timeout.""",
+        """Call the collective on every rank, outside the `if rank == 0` block; keep only the
+        rank-0 work (printing, writing) inside it.""",
+        ("tutorial", "Common DDP Pitfalls"),
+        ("patterns", "Avoiding Deadlocks"),
+        ("tutorial", "Debugging DDP Hangs"),
+    ),
+    _rule(
+        "GT010",
+        "unscaled-lr",
+        "constant learning rate in a data-parallel script: scale it with the effective batch",
+        """The optimizer sees per_device_batch x accumulation x world_size samples per step. "If
+        you tuned a learning rate at effective batch 256 on one GPU, then run the same
+        per_device_batch_size on 8 GPUs, your effective batch silently becomes 2048 - 8x larger
+        - and your learning rate is now far too small." A literal LR cannot follow the world
+        size. (If the value was tuned for this exact world size, say so with # noqa: GT010.)""",
+        """Derive it: TrainingConfig(learning_rate=..., base_batch_size=...).scaled_learning_rate
+        (or gpu_training.config.scale_lr), i.e. base_lr x effective_batch / base_batch, with a
+        warmup (linear_warmup_cosine_lr).""",
+        ("dist", "Effective batch size: the number that actually matters"),
+        ("tutorial", "Scaling the Learning Rate"),
+        ("multigpu", "Linear Scaling Rule"),
+    ),
+    _rule(
+        "GT011",
+        "grad-scaler-bf16",
+        "GradScaler with bfloat16 autocast: bf16 needs no loss scaling",
+        """"Loss scaling is only needed for float16. bfloat16 has the same 8-bit exponent as
+        float32, so its dynamic range is identical and gradients do not underflow. A bfloat16
+        run needs no scaler at all." A scaler there only adds inf/NaN checks, skipped steps and
+        state to checkpoint.""",
+        """Use gpu_training.amp.MixedPrecisionTrainer(optimizer, precision="bf16"), which
+        disables the scaler (needs_grad_scaler("bf16") is False), or
+        GradScaler(enabled=(dtype == torch.float16)).""",
+        ("amp", "Two ideas people conflate"),
+        ("amp", "fp16 vs bf16: which to use"),
+    ),
+    _rule(
+        "GT012",
+        "clip-before-unscale",
+        "gradient clipping before scaler.unscale_(optimizer): the threshold is 65,536x too large",
+        """"If you clip while gradients are still multiplied by the loss-scale factor (often
+        2^16), you are clipping against a threshold that is 65,536x too large - i.e. you are
+        not clipping at all." The order is unscale_, then clip, then scaler.step.""",
+        """scaler.unscale_(optimizer); clip_grad_norm_(params, max_norm); scaler.step(optimizer);
+        scaler.update() - or MixedPrecisionTrainer(..., max_grad_norm=...), which does it.""",
+        ("amp", "Why unscale-before-clip matters"),
+    ),
+    _rule(
+        "GT013",
+        "accumulation-without-no-sync",
+        "gradient accumulation on a DDP model without no_sync(): every micro-batch all-reduces",
+        """"DDP runs an all-reduce on every backward() by default, so naive accumulation syncs
+        gradients you are about to keep accumulating." The result is correct but each
+        accumulation window pays accumulation_steps all-reduces instead of one.""",
+        """Wrap the non-stepping micro-batches: `with model.no_sync() if not stepping else
+        nullcontext():` or `with gpu_training.ddp.gradient_sync(model, enabled=stepping):`
+        (stepping = gpu_training.amp.should_step(micro_step, accum)).""",
+        ("dist", "Gradient accumulation under DDP"),
+        ("tutorial", "Gradient Synchronisation and Communication"),
+    ),
+    _rule(
+        "GT014",
+        "rank-dependent-update",
+        "learning rate or optimizer state changed on some ranks only: the replicas diverge",
+        """"if rank == 0: adjust_learning_rate(optimizer, epoch) - at next step, rank 0 has
+        different lr than others. Divergence in training!" The same holds for a scheduler or
+        optimizer step taken under a rank check: DDP keeps gradients in sync, not what each
+        rank does with them.""",
+        """Run schedulers, LR changes and optimizer steps on every rank; if the value comes from
+        rank 0, broadcast it first (dist.broadcast_object_list).""",
+        ("patterns", "Common Pitfall: Rank 0 Behaves Differently"),
+    ),
+    _rule(
+        "GT015",
+        "no-destroy-process-group",
+        "process group created but never destroyed",
+        """"Always destroy the process group at the end (and in your exception handler) so
+        NCCL releases resources cleanly." Measured here: without a barrier before
+        destroy_process_group(), 4 of 6 gloo runs aborted at exit.""",
+        """try: ... finally: gpu_training.ddp.cleanup_distributed() (barrier, then
+        destroy_process_group; idempotent), or dist.destroy_process_group() at the end of
+        main.""",
+        ("dist", "Tearing down"),
+    ),
+]
+
+RULES: dict[str, Rule] = {rule.code: rule for rule in _RULE_LIST}
+"""Every rule by code, in code order."""
+
+
+def explain(code: str) -> str:
+    """The long form of a rule, as ``gpu-training lint --explain CODE`` prints it.
+
+    Args:
+        code: A rule code such as ``"GT007"`` (case-insensitive).
+
+    Returns:
+        Several lines: title, explanation, fix and the guide sections it relies on.
+
+    Raises:
+        KeyError: If there is no such rule; the message lists the codes.
+
+    Example:
+        >>> "unscale_" in explain("gt012")
+        True
+    """
+    rule = RULES.get(code.strip().upper())
+    if rule is None:
+        raise KeyError(f"no rule {code!r}: codes are {', '.join(RULES)}")
+    wrap = textwrap.TextWrapper(width=88)
+    lines = [f"{rule.code} {rule.name}: {rule.message}", ""]
+    lines += wrap.wrap(rule.explanation)
+    lines += ["", *wrap.wrap("Fix: " + rule.fix), ""]
+    lines += [f'Guide: {GUIDES[guide]}, "{section}"' for guide, section in rule.cites]
+    return "\n".join(lines)

@@ -1,0 +1,638 @@
+"""Hangs that name the rank: entry points that report the rank that failed, a debug mode that
+turns a collective mismatch into an error in under a second, and a stall watchdog.
+
+The silent hang of distributed training has two causes: one rank raised (the others wait
+forever in their next collective), or the ranks called different collectives. Three tools:
+
+* :func:`entry_point` — wrap ``main`` with it. It applies torchelastic's ``record``, so
+  ``torchrun`` reports the rank that raised, with its traceback, instead of the rank it had to
+  kill (measured: without ``record`` the victim is named), and it switches debug mode on when
+  ``GPU_TRAINING_DEBUG=1``.
+* :func:`enable_debug_mode` — ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` before the process group is
+  created: every collective is fingerprinted first, and a mismatch (``all_reduce`` on one rank,
+  ``broadcast`` on another) raises on both ranks, naming both, in well under a second instead
+  of hanging until the 30-minute timeout. :func:`monitored_barrier` names the ranks that do not
+  arrive (gloo's ``monitored_barrier``; a gloo side group under NCCL).
+* :class:`StallWatchdog` — ``tick()`` it every step; after ``timeout`` seconds without a tick
+  it dumps this process's Python stacks (faulthandler) to the log, compares notes with the
+  other ranks through the job's rendezvous store (which rank is busy in its own code, which
+  are waiting in which collective), prints a verdict naming the stalled rank(s), writes it as
+  torchrun's error record and exits with :data:`EXIT_STALLED`.
+
+Example:
+    >>> import time
+    >>> seen = []
+    >>> with StallWatchdog(0.3, exit=False, on_stall=seen.append, quiet=True) as watchdog:
+    ...     for step in range(3):
+    ...         watchdog.tick(step)
+    ...     time.sleep(0.8)          # no progress: the watchdog fires once
+    >>> seen[0].culprits, seen[0].last_step
+    ([0], 2)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import functools
+import io
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import FrameType, TracebackType
+from typing import Any, TextIO, TypeVar
+
+__all__ = [
+    "DEBUG_ENV",
+    "EXIT_STALLED",
+    "STALL_TIMEOUT_ENV",
+    "StallError",
+    "StallReport",
+    "StallWatchdog",
+    "barrier",
+    "debug_mode_enabled",
+    "enable_debug_mode",
+    "entry_point",
+    "monitored_barrier",
+]
+
+EXIT_STALLED = 124
+"""Exit status of a process the watchdog ends (like ``timeout(1)``)."""
+
+DEBUG_ENV = "GPU_TRAINING_DEBUG"
+"""Set to 1 to turn on debug mode in processes started through :func:`entry_point`."""
+
+STALL_TIMEOUT_ENV = "GPU_TRAINING_STALL_TIMEOUT"
+"""Seconds without step progress before :meth:`StallWatchdog.from_env`'s watchdog fires."""
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_F = TypeVar("_F", bound=Callable[..., Any])
+_STORE_PREFIX = "gpu_training/watchdog"
+
+
+class StallError(RuntimeError):
+    """Ranks did not arrive at a monitored barrier in time; the message names them."""
+
+
+# --- debug mode -------------------------------------------------------------------------------
+
+
+def debug_mode_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether debug mode is requested (``GPU_TRAINING_DEBUG=1`` or
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL``).
+
+    Example:
+        >>> debug_mode_enabled({"GPU_TRAINING_DEBUG": "1"}), debug_mode_enabled({})
+        (True, False)
+    """
+    env = os.environ if env is None else env
+    return (
+        env.get(DEBUG_ENV, "").strip().lower() in _TRUE
+        or env.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
+    )
+
+
+def enable_debug_mode(env: MutableMapping[str, str] | None = None) -> dict[str, str | None]:
+    """Turn on collective fingerprinting and the other distributed debug aids.
+
+    Sets ``GPU_TRAINING_DEBUG=1`` and ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (each collective is
+    checked against the other ranks' before it runs: a mismatch raises on every rank, naming
+    the ranks and the operations), ``TORCH_SHOW_CPP_STACKTRACES=1`` and, unless already set,
+    ``NCCL_DEBUG=WARN``. Call it before the process group is created (child processes inherit
+    the variables); in this process torch's debug level is updated too.
+
+    Args:
+        env: The environment to change (default ``os.environ``).
+
+    Returns:
+        The previous values (None: unset), to restore them.
+
+    Example:
+        >>> env = {}
+        >>> enable_debug_mode(env)["TORCH_DISTRIBUTED_DEBUG"] is None
+        True
+        >>> env["TORCH_DISTRIBUTED_DEBUG"]
+        'DETAIL'
+    """
+    target = os.environ if env is None else env
+    wanted = {
+        DEBUG_ENV: "1",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "TORCH_SHOW_CPP_STACKTRACES": "1",
+        "NCCL_DEBUG": target.get("NCCL_DEBUG") or "WARN",
+    }
+    previous = {key: target.get(key) for key in wanted}
+    target.update(wanted)
+    if target is os.environ and "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        # The level is read once at import; groups created from now on get the wrapper.
+        dist.set_debug_level_from_env()  # type: ignore[attr-defined]
+    return previous
+
+
+def _distributed_ready() -> bool:
+    if "torch.distributed" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+_side_group: Any = None
+
+
+def monitored_barrier(timeout: float = 60.0, *, wait_all_ranks: bool = True) -> None:
+    """A barrier that names the ranks that did not arrive within ``timeout`` seconds.
+
+    Every rank calls it. gloo's ``monitored_barrier`` is used directly; under NCCL a gloo side
+    group is created on first use (a collective too). No-op without a process group.
+
+    Args:
+        timeout: Seconds to wait for the other ranks.
+        wait_all_ranks: Report every missing rank, not only the first.
+
+    Raises:
+        StallError: On rank 0 (and, once their own wait times out, on the others) when ranks
+            are missing; the message names them.
+    """
+    global _side_group
+    if not _distributed_ready():
+        return
+    import torch.distributed as dist
+
+    group = None
+    if dist.get_backend() != "gloo":
+        if _side_group is None:
+            _side_group = dist.new_group(backend="gloo")
+        group = _side_group
+    try:
+        dist.monitored_barrier(
+            group=group, timeout=timedelta(seconds=timeout), wait_all_ranks=wait_all_ranks
+        )
+    except RuntimeError as err:
+        message = " ".join(str(err).split())
+        raise StallError(
+            f"monitored_barrier on rank {dist.get_rank()}: not every rank arrived within "
+            f"{timeout:g}s: {message}"
+        ) from err
+
+
+def barrier(timeout: float = 300.0) -> None:
+    """``dist.barrier()``, or :func:`monitored_barrier` in debug mode (no-op in one process).
+
+    Args:
+        timeout: The monitored barrier's wait in debug mode.
+    """
+    if not _distributed_ready():
+        return
+    if debug_mode_enabled():
+        monitored_barrier(timeout)
+        return
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+
+def entry_point(fn: _F) -> _F:
+    """Decorate a distributed program's ``main``: the rank that fails is the one reported.
+
+    * torchelastic's ``record``: the exception and traceback go to torchrun's error file, so
+      torchrun's summary names the rank that raised (not the rank it killed afterwards) and
+      shows its traceback;
+    * a one-line ``gpu-training: rank R failed: ...`` on stderr, for launches without torchrun;
+    * debug mode (:func:`enable_debug_mode`) when ``GPU_TRAINING_DEBUG=1``, before ``main``
+      creates its process group.
+
+    Args:
+        fn: The entry point.
+
+    Returns:
+        The wrapped function.
+
+    Example:
+        >>> @entry_point
+        ... def main() -> int:
+        ...     return 0
+        >>> main()
+        0
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    recorded = record(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if debug_mode_enabled():
+            enable_debug_mode()
+        try:
+            return recorded(*args, **kwargs)
+        except Exception as exc:
+            rank = os.environ.get("RANK")
+            if rank is not None:
+                print(
+                    f"gpu-training: rank {rank} failed: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())[:500]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --- the stall watchdog -----------------------------------------------------------------------
+
+
+@dataclass
+class StallReport:
+    """What the watchdog found when it fired.
+
+    Attributes:
+        rank: The rank that wrote this report.
+        stalled_for: Seconds since this rank's last tick.
+        last_step: The step of the last tick (None: never ticked).
+        states: Rank → ``{"state": "busy" | "collective" | "backward" | "missing", "where":
+            ..., "op": ..., "step": ...}`` as the ranks reported them.
+        culprits: The ranks judged stalled: busy in their own code, or silent.
+        message: The verdict, one paragraph.
+    """
+
+    rank: int
+    stalled_for: float
+    last_step: int | None
+    states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    culprits: list[int] = field(default_factory=list)
+    message: str = ""
+
+
+def _location(frame: FrameType) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def _torch_part(path: str) -> str | None:
+    """``"distributed"``, ``"autograd"`` or ``"other"`` for a file of torch, else None."""
+    marker = f"{os.sep}torch{os.sep}"
+    if marker not in path:
+        return None
+    rest = path.split(marker, 1)[1]
+    if rest.startswith("distributed") and f"{os.sep}elastic{os.sep}" not in rest:
+        return "distributed"
+    return "autograd" if rest.startswith("autograd") else "other"
+
+
+def _frame_state(frame: FrameType | None) -> dict[str, Any]:
+    """Classify a stack: waiting in a collective, in backward, or busy in the program's code.
+
+    Only the innermost frames count: a thread blocked in ``all_reduce`` has torch's
+    collective frames on top of its stack; one stuck in the program (a loop, a sleep, a data
+    loader) has the program's frames (or other torch code) there.
+    """
+    frames: list[FrameType] = []
+    while frame is not None:
+        frames.append(frame)  # innermost first
+        frame = frame.f_back
+    run = 0
+    while run < len(frames) and _torch_part(frames[run].f_code.co_filename) is not None:
+        run += 1
+    parts = [_torch_part(f.f_code.co_filename) for f in frames[:run]]
+    caller = frames[run] if run < len(frames) else (frames[-1] if frames else None)
+    if "distributed" in parts:
+        api = [
+            f
+            for f, part in zip(frames[:run], parts, strict=True)
+            if part == "distributed" and f.f_code.co_name != "wrapper"
+        ]
+        op = api[-1].f_code.co_name if api else "a collective"
+        return {"state": "collective", "op": op, "where": _location(caller) if caller else "?"}
+    if "autograd" in parts:
+        where = _location(caller) if caller else "?"
+        return {"state": "backward", "op": "backward (DDP gradient all-reduce)", "where": where}
+    mine = next(
+        (
+            f
+            for f in frames
+            if _torch_part(f.f_code.co_filename) is None and f.f_code.co_filename != __file__
+        ),
+        frames[0] if frames else None,
+    )
+    return {"state": "busy", "op": "", "where": _location(mine) if mine else "?"}
+
+
+def _verdict(
+    states: Mapping[int, Mapping[str, Any]], world: int, timeout: float
+) -> tuple[list[int], str]:
+    busy = sorted(r for r, s in states.items() if s["state"] == "busy")
+    missing = sorted(set(range(world)) - set(states))
+    waiting = sorted(r for r, s in states.items() if s["state"] in ("collective", "backward"))
+
+    def waits(ranks: list[int]) -> str:
+        return "; ".join(
+            f"rank {r} waiting in {states[r]['op']} at {states[r]['where']}" for r in ranks
+        )
+
+    culprits = busy + missing
+    parts = []
+    if busy:
+        parts.append(
+            "; ".join(f"rank {r} stalled at {states[r]['where']}" for r in busy)
+            + f" (no step progress for {timeout:g}s, not in a collective)"
+        )
+    if missing:
+        parts.append(
+            f"rank(s) {missing} did not answer (stuck in native code holding the GIL, or dead)"
+        )
+    if culprits and waiting:
+        parts.append(f"the others wait for it: {waits(waiting)}")
+    if not culprits:
+        ops = {states[r]["op"] for r in waiting}
+        if len(ops) > 1:
+            parts.append(
+                "every rank is waiting, in different collectives (the ranks called different "
+                f"operations): {waits(waiting)}"
+            )
+        else:
+            parts.append(
+                f"every rank is waiting in {ops.pop() if ops else '?'}: a rank that skipped "
+                f"it earlier, or the network (NCCL_DEBUG=INFO): {waits(waiting)}"
+            )
+    return culprits, "; ".join(parts)
+
+
+class StallWatchdog:
+    """Ends a run that makes no step progress for ``timeout`` seconds, naming the stalled rank.
+
+    Call :meth:`tick` once per step (cheap: it stores a time). A background thread checks
+    every ``poll`` seconds; when the limit passes it:
+
+    1. classifies where this rank's main thread is (busy in the program's code, waiting in a
+       collective, in backward) and publishes it in the rendezvous store;
+    2. dumps every Python thread's stack of this process to ``stream`` (faulthandler);
+    3. waits up to ``grace`` seconds for the other ranks' notes — their watchdogs fire at
+       about the same time, since a rank waiting on a stalled one stops ticking too;
+    4. prints the verdict (which ranks are stalled and where, which wait in which collective),
+       records it as torchrun's error for this rank (stalled ranks first, so torchrun's "root
+       cause" is the stalled rank) and exits with :data:`EXIT_STALLED` (``exit=True``) or calls
+       ``on_stall``.
+
+    Args:
+        timeout: Seconds without a tick before firing; None or <= 0 disables the watchdog.
+        ctx: This process's context (default: from the environment).
+        startup_timeout: The limit before the first tick (compilation, data loading);
+            default ``timeout``.
+        grace: Seconds to wait for the other ranks' notes.
+        stream: Where the report and stacks go (default: ``sys.stderr`` when it fires).
+        quiet: Write nothing (the report still goes to ``on_stall`` and torchrun's record).
+        exit: End the process (``os._exit(EXIT_STALLED)``) after reporting.
+        on_stall: Called with the :class:`StallReport` (before exiting, if ``exit``).
+        poll: Seconds between checks (default ``min(1, timeout / 10)``).
+
+    Raises:
+        ValueError: If ``grace`` or ``poll`` is negative.
+    """
+
+    def __init__(
+        self,
+        timeout: float | None,
+        *,
+        ctx: Any = None,
+        startup_timeout: float | None = None,
+        grace: float = 2.0,
+        stream: TextIO | None = None,
+        quiet: bool = False,
+        exit: bool = True,
+        on_stall: Callable[[StallReport], None] | None = None,
+        poll: float | None = None,
+    ) -> None:
+        if grace < 0 or (poll is not None and poll <= 0):
+            raise ValueError(f"grace must be >= 0 and poll > 0, got {grace} and {poll}")
+        self.timeout = timeout if timeout is not None and timeout > 0 else None
+        self.startup_timeout = startup_timeout if startup_timeout is not None else self.timeout
+        self.grace = grace
+        self.stream = stream
+        self.quiet = quiet
+        self.exit = exit
+        self.on_stall = on_stall
+        self.poll = poll if poll is not None else min(1.0, (self.timeout or 10.0) / 10)
+        self._ctx = ctx
+        self._last = time.monotonic()
+        self._step: int | None = None
+        self._ticked = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watched: int | None = None
+        self.report: StallReport | None = None
+
+    @classmethod
+    def from_env(cls, ctx: Any = None, **kwargs: Any) -> StallWatchdog:
+        """A watchdog with ``GPU_TRAINING_STALL_TIMEOUT`` seconds (disabled when unset or 0).
+
+        Args:
+            ctx: This process's context.
+            **kwargs: Other :class:`StallWatchdog` arguments.
+
+        Raises:
+            ValueError: If the variable is not a number.
+        """
+        raw = os.environ.get(STALL_TIMEOUT_ENV, "").strip()
+        try:
+            timeout = float(raw) if raw else None
+        except ValueError:
+            raise ValueError(
+                f"environment variable {STALL_TIMEOUT_ENV} must be a number of seconds, got {raw!r}"
+            ) from None
+        return cls(timeout, ctx=ctx, **kwargs)
+
+    @property
+    def enabled(self) -> bool:
+        """False when constructed without a timeout: then every method is a no-op."""
+        return self.timeout is not None
+
+    def start(self) -> StallWatchdog:
+        """Start watching the calling thread (the training loop's)."""
+        if not self.enabled or self._thread is not None:
+            return self
+        self._watched = threading.get_ident()
+        self._last = time.monotonic()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpu-training-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def tick(self, step: int | None = None) -> None:
+        """Record progress (call once per step, on every rank)."""
+        self._last = time.monotonic()
+        self._step = step if step is not None else (self._step or 0) + 1
+        self._ticked = True
+
+    def stop(self) -> None:
+        """Stop watching (idempotent)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def __enter__(self) -> StallWatchdog:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- firing ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            limit = self.timeout if self._ticked else self.startup_timeout
+            idle = time.monotonic() - self._last
+            if limit is not None and idle > limit:
+                self._fire(idle)
+                return
+
+    def _context(self) -> tuple[int, int]:
+        ctx = self._ctx
+        if ctx is None:
+            rank = int(os.environ.get("RANK", "0") or 0)
+            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            return rank, world
+        return int(ctx.rank), int(ctx.world_size)
+
+    def _fire(self, idle: float) -> None:
+        rank, world = self._context()
+        frame = sys._current_frames().get(self._watched or 0)
+        state = {**_frame_state(frame), "step": self._step}
+        store = _store()
+        key = f"{_STORE_PREFIX}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        _publish(store, f"{key}/rank{rank}", state)
+        self._write(
+            f"gpu-training watchdog: rank {rank} made no step progress for {idle:.1f}s "
+            f"(last step {self._step}); {state['state']} at {state['where']}. Python stacks of "
+            f"rank {rank}:\n"
+        )
+        self._dump_stacks()
+        states = {rank: state}
+        if world > 1 and store is not None:
+            states = _collect(store, key, world, self.grace) or states
+        limit = self.timeout if self._ticked else self.startup_timeout
+        culprits, verdict = _verdict(states, world, limit or idle)
+        report = StallReport(rank, idle, self._step, dict(states), culprits, "")
+        report.message = f"stall detected by rank {rank}: {verdict}"
+        self.report = report
+        self._write(f"gpu-training watchdog: {report.message}\n")
+        _record_error(report, first=rank in culprits or not culprits)
+        if self.on_stall is not None:
+            self.on_stall(report)
+        if self.exit:
+            if rank not in culprits and culprits:
+                time.sleep(0.5)  # let the stalled rank's record be torchrun's root cause
+            _flush_all()
+            os._exit(EXIT_STALLED)
+
+    def _out(self) -> TextIO | None:
+        return None if self.quiet else (self.stream or sys.stderr)
+
+    def _write(self, text: str) -> None:
+        stream = self._out()
+        if stream is None:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _dump_stacks(self) -> None:
+        stream = self._out()
+        if stream is None:
+            return
+        try:
+            stream.flush()
+            fileno = stream.fileno()
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            fileno = -1
+        if fileno >= 0:
+            faulthandler.dump_traceback(file=fileno, all_threads=True)
+            return
+        for ident, frame in sys._current_frames().items():
+            self._write(f"Thread {ident:#x}:\n" + "".join(traceback.format_stack(frame)))
+
+
+def _store() -> Any:
+    """The job's rendezvous store, or None without a process group."""
+    if not _distributed_ready():
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:  # a private helper: without it the report is this rank's only
+        return None
+
+
+def _publish(store: Any, key: str, state: Mapping[str, Any]) -> None:
+    if store is None:
+        return
+    with contextlib.suppress(Exception):  # a store that is gone: the report stays local
+        store.set(key, json.dumps(state))
+
+
+def _collect(store: Any, key: str, world: int, grace: float) -> dict[int, dict[str, Any]]:
+    """The notes of every rank that published within ``grace`` seconds."""
+    deadline = time.monotonic() + grace
+    found: dict[int, dict[str, Any]] = {}
+    while True:
+        for rank in range(world):
+            if rank in found:
+                continue
+            name = f"{key}/rank{rank}"
+            try:
+                if store.check([name]):
+                    found[rank] = json.loads(store.get(name))
+            except Exception:
+                continue
+        if len(found) == world or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _record_error(report: StallReport, *, first: bool) -> None:
+    """Write the verdict as torchrun's error record of this rank (``TORCHELASTIC_ERROR_FILE``)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stack = report.states.get(report.rank, {}).get("where", "?")
+    data = {
+        "message": {
+            "message": f"StallError: {report.message}",
+            "extraInfo": {
+                "py_callstack": f"StallError (watchdog) on rank {report.rank} at {stack}\n"
+                f"{report.message}\n",
+                # torchrun's root cause is the earliest record: stalled ranks go first.
+                "timestamp": str(int(time.time()) + (0 if first else 1)),
+            },
+        }
+    }
+    try:
+        with open(path, "w") as handle:
+            json.dump(data, handle)
+    except OSError:
+        pass
+
+
+def _flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()

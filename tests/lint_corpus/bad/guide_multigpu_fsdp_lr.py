@@ -1,0 +1,60 @@
+# Guide: PyTorch Distributed Training: Multi-GPU Guide 2025, "Method 2: Fully Sharded Data
+# Parallel (FSDP)" (shared/seeds/004). Verbatim but for the expect marker: a constant LR
+# in a data-parallel job (the effective batch grows with the node count).
+import torch
+from torch.distributed.fsdp import (
+    FullyShardedDataParallel as FSDP,
+    MixedPrecision,
+    ShardingStrategy,
+)
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from transformers import AutoModelForCausalLM, AutoTokenizer
+import functools
+
+def train_fsdp():
+    # Initialize distributed
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    torch.cuda.set_device(rank)
+    
+    # Load model
+    model = AutoModelForCausalLM.from_pretrained(
+        "meta-llama/Llama-2-7b-hf",
+        torch_dtype=torch.bfloat16,
+    )
+    
+    # FSDP wrapping policy for transformers
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    
+    auto_wrap_policy = functools.partial(
+        transformer_auto_wrap_policy,
+        transformer_layer_cls={LlamaDecoderLayer},
+    )
+    
+    # Mixed precision for efficiency
+    mixed_precision = MixedPrecision(
+        param_dtype=torch.bfloat16,
+        reduce_dtype=torch.bfloat16,
+        buffer_dtype=torch.bfloat16,
+    )
+    
+    # Wrap model with FSDP
+    model = FSDP(
+        model,
+        auto_wrap_policy=auto_wrap_policy,
+        mixed_precision=mixed_precision,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        device_id=rank,
+    )
+    
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # expect: GT010
+    
+    # Training loop (similar to DDP)
+    for batch in dataloader:
+        optimizer.zero_grad()
+        outputs = model(**batch)
+        loss = outputs.loss
+        loss.backward()
+        optimizer.step()
+    
+    dist.destroy_process_group()

@@ -1,0 +1,271 @@
+"""``gpu-training verify``: passes on correct setups, fails naming the check on broken ones.
+
+One 2-rank gloo job runs every setup through :func:`verify_setup` (the built-in task, a plain
+``nn.Module``, and three deliberately broken setups) plus :func:`assert_grads_in_sync`; one
+``gpu-training verify`` run checks the command end to end.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import RandomSampler, TensorDataset
+
+from dist_harness import run_python, run_ranks
+from gpu_training.cli import main
+from gpu_training.ddp import DistributedContext, cleanup_distributed, init_distributed
+from gpu_training.diagnostics.verify import (
+    CHECKS,
+    GradientSyncError,
+    VerifyReport,
+    assert_grads_in_sync,
+    verify_setup,
+)
+
+TINY_CHARLM = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32}
+
+
+# --- setups: module level, so import strings and spawned ranks can reach them ------------------
+
+
+def regression_data() -> tuple[TensorDataset, None]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=g)
+    return TensorDataset(x, x @ torch.randn(6, 2, generator=g)), None
+
+
+def plain_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 2))
+
+
+def rank_seeded_model() -> nn.Module:
+    """Seeds with the rank: every rank builds different weights (DDP's broadcast hides it)."""
+    torch.manual_seed(1000 + int(os.environ.get("RANK", "0")))
+    return plain_model()
+
+
+class RunningScale(nn.Module):
+    """Keeps a per-feature scale as a frozen *parameter* updated from each batch in training.
+
+    DDP syncs gradients and broadcasts buffers, never frozen parameters: every rank ends up
+    with its own scale.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 2)
+        self.scale = nn.Parameter(torch.ones(6), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.scale.mul_(0.9).add_(0.1 * x.abs().mean(0))
+        return self.body(x / self.scale)
+
+
+def naive_accumulate(model: nn.Module, micro_batches: Any, loss_fn: Any) -> None:
+    """Accumulation written by hand: no no_sync(), and the losses are not divided by A."""
+    for inputs, targets in micro_batches:
+        loss_fn(model(inputs), targets).backward()
+
+
+def _verify_everything() -> dict[str, Any]:
+    from gpu_training.ddp import make_distributed_sampler
+    from gpu_training.tasks import resolve_task
+
+    ctx = init_distributed()
+    out: dict[str, Any] = {}
+    try:
+        task = resolve_task("charlm", TINY_CHARLM)
+        train, _ = task.build_data()
+        out["charlm"] = verify_setup(task.build_model, train, task.loss_fn, ctx).to_dict()
+        data, _ = regression_data()
+        mse = nn.functional.mse_loss
+
+        def distributed(dataset: Any, c: DistributedContext) -> Any:
+            return make_distributed_sampler(dataset, c, shuffle=True, seed=3)
+
+        out["plain"] = verify_setup(plain_model, data, mse, ctx, make_sampler=distributed)
+        out["not_distributed"] = verify_setup(
+            plain_model, data, mse, ctx, make_sampler=lambda d, c: RandomSampler(d)
+        )
+        out["rank_seeded"] = verify_setup(rank_seeded_model, data, mse, ctx)
+        out["running_scale"] = verify_setup(RunningScale, data, mse, ctx)
+        out["naive_accumulation"] = verify_setup(
+            plain_model, data, mse, ctx, accumulate=naive_accumulate
+        )
+        for key in list(out)[1:]:
+            out[key] = out[key].to_dict()
+
+        # assert_grads_in_sync: quiet on a DDP model, loud once a rank's gradient is changed.
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(nn.Linear(6, 2))
+        x = torch.randn(4, 6) * (ctx.rank + 1)
+        model(x).sum().backward()
+        assert_grads_in_sync(model, ctx)
+        out["in_sync"] = "ok"
+        if ctx.rank == 1:
+            with torch.no_grad():
+                model.module.bias.grad.add_(0.5)
+        try:
+            assert_grads_in_sync(model, ctx, atol=1e-6)
+            out["out_of_sync"] = None
+        except GradientSyncError as err:
+            out["out_of_sync"] = str(err)
+        del model
+    finally:
+        cleanup_distributed()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict[str, Any]]:
+    return run_ranks(_verify_everything, 2, timeout=150)
+
+
+def _failed(report: dict[str, Any]) -> set[str]:
+    return {c["name"] for c in report["checks"] if not c["passed"]}
+
+
+@pytest.mark.multirank
+def test_reports_are_identical_on_every_rank(results: list[dict[str, Any]]) -> None:
+    assert results[0] == results[1]
+    for name in ("charlm", "plain", "not_distributed"):
+        assert [c["name"] for c in results[0][name]["checks"]] == list(CHECKS)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("setup", ["charlm", "plain"])
+def test_passes_on_correct_setups(results: list[dict[str, Any]], setup: str) -> None:
+    report = VerifyReport.from_dict(results[0][setup])
+    assert report.passed, report.format()
+    assert "tolerance" in report["grad_sync"].detail
+    assert "one all-reduce per window" in report["accumulation"].detail
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("setup", "check", "words"),
+    [
+        ("not_distributed", "sampler", "shards overlap"),
+        ("rank_seeded", "init", "rank 1's"),
+        ("running_scale", "params_after_step", "rank 1's 'scale'"),
+        ("naive_accumulation", "accumulation", "all-reduced on 2 of 2 micro-steps"),
+    ],
+)
+def test_fails_naming_the_check(
+    results: list[dict[str, Any]], setup: str, check: str, words: str
+) -> None:
+    report = VerifyReport.from_dict(results[0][setup])
+    assert not report.passed
+    assert check in _failed(results[0][setup]), report.format()
+    assert words in report[check].detail, report[check].detail
+    assert f"FAIL  {check}" in report.format()
+
+
+@pytest.mark.multirank
+def test_broken_setups_fail_only_where_broken(results: list[dict[str, Any]]) -> None:
+    assert _failed(results[0]["not_distributed"]) == {"sampler"}
+    assert _failed(results[0]["rank_seeded"]) == {"init"}  # DDP's broadcast repairs the rest
+    assert _failed(results[0]["naive_accumulation"]) == {"accumulation"}
+    detail = VerifyReport.from_dict(results[0]["naive_accumulation"])["accumulation"].detail
+    assert "gradient != the 16-sample batch's" in detail  # the missing 1/A: twice the gradient
+
+
+@pytest.mark.multirank
+def test_assert_grads_in_sync(results: list[dict[str, Any]]) -> None:
+    assert results[0]["in_sync"] == "ok"
+    message = results[0]["out_of_sync"]
+    assert message is not None and "'bias' on rank 1 differs from rank 0 by 0.5" in message
+    assert results[1]["out_of_sync"] == message  # every rank raises the same error
+
+
+def test_single_process_and_bad_sizes() -> None:
+    data, _ = regression_data()
+    report = verify_setup(plain_model, data, nn.functional.mse_loss, DistributedContext())
+    assert report.passed, report.format()
+    from gpu_training.diagnostics.verify import VerifyInputError
+
+    with pytest.raises(VerifyInputError, match="96 samples; verify needs one global batch"):
+        verify_setup(
+            plain_model,
+            data,
+            nn.functional.mse_loss,
+            DistributedContext(),
+            batch_size=64,
+            accum_steps=2,
+        )
+
+
+@pytest.mark.multirank
+def test_cli_end_to_end() -> None:
+    proc = run_python(
+        [
+            "-m",
+            "gpu_training",
+            "verify",
+            "--nproc",
+            "2",
+            "--model",
+            "test_verify:plain_model",
+            "--data",
+            "test_verify:regression_data",
+            "--loss",
+            "torch.nn.functional:mse_loss",
+            "--step",
+            "test_verify:naive_accumulate",
+        ],
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("verify: task test_verify:plain_model: 2 rank(s) (gloo)")
+    assert sum(line.startswith("PASS") for line in lines) == 5, proc.stdout
+    assert any(line.startswith("FAIL  accumulation") for line in lines), proc.stdout
+    assert lines[-1] == "5 of 6 checks passed; failed: accumulation"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--model", "nosuchmod:build", "--data", "x:y"], "no module named 'nosuchmod'"),
+        (["--task", "charml"], "did you mean 'charlm'"),
+        (["--task", "charlm", "--config", "job.yaml"], "give one of"),
+        (["--sampler", "weird"], "--sampler: expected 'global', 'distributed'"),
+        (["--option", "n_layer"], "--option"),
+        (["--rtol", "-1"], "expected a number >= 0"),
+    ],
+)
+def test_bad_input_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpu-training: error: "), err
+    assert needle in err[0], err[0]
+
+
+def test_setup_from_a_job_file_or_import_strings(tmp_path: Path) -> None:
+    from gpu_training.diagnostics.verify_launch import _resolve, _Spec
+
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "task:\n  model: test_verify:plain_model\n  data: test_verify:regression_data\n"
+        "  loss: torch.nn.functional:mse_loss\n"
+    )
+    task, sampler, step = _resolve(_Spec(config=str(job), sampler="distributed"))
+    assert task.name == "test_verify:plain_model" and callable(sampler) and step is None
+    task, sampler, step = _resolve(
+        _Spec(
+            model="test_verify:plain_model",
+            data="test_verify:regression_data",
+            sampler="test_verify:regression_data",
+            step="test_verify:naive_accumulate",
+        )
+    )
+    assert sampler is regression_data and step is naive_accumulate
