@@ -110,7 +110,7 @@ def _run_lint(args: argparse.Namespace) -> int:
 
 
 def _add_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
-    from gpu_training.cli import _positive_int
+    from gpu_training.cli import _positive_int, add_set_argument
 
     parser = subparsers.add_parser(
         "verify",
@@ -138,14 +138,7 @@ def _add_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
     source.add_argument("--data", metavar="IMPORT", help="pkg.mod:fn returning (train, val)")
     source.add_argument("--loss", metavar="IMPORT", help="pkg.mod:fn loss (default cross-entropy)")
     source.add_argument("--config", metavar="JOB", help="a job file; its task section is used")
-    source.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field of --config (repeatable)",
-    )
+    add_set_argument(source, "training.per_device_batch_size=4")
     parser.add_argument(
         "--nproc", type=_positive_int, default=2, metavar="N", help="ranks (default 2)"
     )
