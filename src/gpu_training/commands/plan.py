@@ -1,4 +1,4 @@
-"""``gpu-training plan`` and ``gpu-training find-batch``: know what fits before you run.
+"""``gpu-training plan``: know what fits before you run.
 
 ``plan`` measures a model (a built-in task, an import string, a job file) or a transformer
 shape (``--params 7e9 --layers 32 --hidden 4096 --seq 4096``) on fake tensors, lays its memory
@@ -9,9 +9,8 @@ launch command (``--json`` for machines)::
     $ gpu-training plan --params 7e9 --layers 32 --hidden 4096 --seq 4096 --vocab 32000 \\
           --arch llama --gpu-memory 80 --gpus 8 --global-batch 512
 
-``find-batch`` finds the largest per-device batch of a job by running real training steps
-(binary search; an out-of-memory step counts as "does not fit"), or, with ``--gpu-memory``,
-by the estimate alone; then measures throughput (and MFU) at the recommended batch.
+Its sibling ``gpu-training find-batch`` (:mod:`gpu_training.commands.find_batch`) finds the
+largest batch by running real steps instead of estimating.
 
 torch is imported inside the run functions only, so ``gpu-training --help`` stays fast.
 """
@@ -22,10 +21,18 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# parse_size is public here too: users and tests import it from this module.
+from gpu_training.commands._sizing_inputs import (
+    batch_factory,
+    parse_margin,
+    parse_positive_float,
+    parse_size,
+)
 
 if TYPE_CHECKING:
     from gpu_training.job import JobConfig
@@ -34,22 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["parse_count", "parse_size", "register"]
 
-_UNITS = {
-    "": 2**30,  # a bare number is GiB: GPUs are sold as "80GB" and hold ~80 GiB
-    "b": 1,
-    "k": 2**10,
-    "kb": 2**10,
-    "kib": 2**10,
-    "m": 2**20,
-    "mb": 2**20,
-    "mib": 2**20,
-    "g": 2**30,
-    "gb": 2**30,
-    "gib": 2**30,
-    "t": 2**40,
-    "tb": 2**40,
-    "tib": 2**40,
-}
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 _JOB_SUFFIXES = (".yaml", ".yml", ".json")
 _PARTS = ("parameters", "gradients", "optimizer_state", "activations", "temporary")
@@ -59,27 +50,6 @@ _LAUNCH_STRATEGY: dict[str, dict[str, Any]] = {
     "fsdp": {"name": "fsdp"},
     "zero3_offload": {"name": "deepspeed", "zero_stage": 3, "offload": "optimizer"},
 }
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``80``, ``80GB``, ``80GiB``, ``81920MiB``, ``1.5T`` (a bare number is GiB).
-
-    GB and GiB both mean 2³⁰ bytes here, as GPU names use them ("A100 80GB" holds 80 GiB).
-
-    Raises:
-        argparse.ArgumentTypeError: For anything else, zero or negative sizes included.
-
-    Example:
-        >>> parse_size("80") == parse_size("80GB") == 80 * 2**30, parse_size("500MiB")
-        (True, 524288000)
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive size such as 80, 80GB or 40960MiB, got {text!r}"
-        )
-    return round(float(match.group(1)) * _UNITS[unit])
 
 
 def parse_count(text: str) -> int:
@@ -101,31 +71,11 @@ def parse_count(text: str) -> int:
     return value
 
 
-def _margin(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
 # --- parsers ---------------------------------------------------------------------------------
 
 
 def register(subparsers: Any) -> None:
-    """Add ``plan`` and ``find-batch`` to the ``gpu-training`` parser."""
+    """Add ``plan`` to the ``gpu-training`` parser."""
     from gpu_training.cli import _positive_int
 
     plan = subparsers.add_parser(
@@ -176,10 +126,10 @@ def register(subparsers: Any) -> None:
     hw.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"))
     hw.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd_momentum"))
     hw.add_argument("--activation-checkpointing", choices=("auto", "on", "off"), default="auto")
-    hw.add_argument("--lr", type=_positive_float, metavar="LR", help="learning rate as tuned")
+    hw.add_argument("--lr", type=parse_positive_float, metavar="LR", help="learning rate as tuned")
     hw.add_argument("--base-batch", type=_positive_int, metavar="N", help="batch it was tuned at")
     hw.add_argument("--lr-scaling", choices=("linear", "sqrt", "none"))
-    hw.add_argument("--safety-margin", type=_margin, default=0.85, metavar="F")
+    hw.add_argument("--safety-margin", type=parse_margin, default=0.85, metavar="F")
     hw.add_argument(
         "--overhead",
         type=parse_size,
@@ -190,59 +140,6 @@ def register(subparsers: Any) -> None:
     hw.add_argument("--script", default="train.py", help="training script for the command")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(_run=_run_plan)
-
-    find = subparsers.add_parser(
-        "find-batch",
-        help="the largest per-device batch of a job, and its throughput",
-        description=(
-            "Binary-search the largest per-device batch of CONFIG by running real training "
-            "steps on this device (an out-of-memory step counts as too large), keep a safety "
-            "margin, then time a few steps at that batch (samples/s, tokens/s, MFU). With "
-            "--gpu-memory, search on the memory estimate instead (no steps run). Under "
-            "torchrun every rank probes and all agree on the smallest result."
-        ),
-    )
-    find.add_argument("config", metavar="CONFIG", help="a job file (.yaml or .json)")
-    find.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field (repeatable)",
-    )
-    find.add_argument("--min-batch", type=_positive_int, default=1, metavar="N")
-    find.add_argument("--max-batch", type=_positive_int, default=1024, metavar="N")
-    find.add_argument("--safety-margin", type=_margin, default=0.85, metavar="F")
-    find.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    find.add_argument(
-        "--gpu-memory",
-        type=parse_size,
-        metavar="SIZE",
-        help="search on the estimate for a GPU of this size (nothing runs)",
-    )
-    find.add_argument(
-        "--gpus",
-        type=_positive_int,
-        default=1,
-        metavar="N",
-        help="with --gpu-memory: GPUs the strategy shards over",
-    )
-    find.add_argument(
-        "--throughput-steps",
-        type=int,
-        default=3,
-        metavar="N",
-        help="steps timed at the recommended batch (0: skip)",
-    )
-    find.add_argument(
-        "--peak-tflops",
-        type=_positive_float,
-        metavar="T",
-        help="this GPU's peak TFLOP/s for MFU (default: A100/H100/H200 table)",
-    )
-    find.add_argument("--json", action="store_true", help="print one JSON document")
-    find.set_defaults(_run=_run_find_batch)
 
 
 # --- what to plan for ------------------------------------------------------------------------
@@ -268,21 +165,6 @@ def _options(pairs: Sequence[str]) -> dict[str, Any]:
         return dict(parse_override(text) for text in pairs)
     except ConfigError as err:
         raise UsageError(f"--task-option: {err}") from None
-
-
-def _batch_factory(dataset: Any) -> Callable[[int], Sequence[Any]]:
-    from torch.utils.data import default_collate
-
-    size = len(dataset)
-    if size == 0:
-        from gpu_training.cli import UsageError
-
-        raise UsageError("plan: the task's training set is empty: nothing to measure")
-
-    def make_batch(n: int) -> Sequence[Any]:
-        return list(default_collate([dataset[i % size] for i in range(n)]))
-
-    return make_batch
 
 
 def _subject(args: argparse.Namespace) -> _Subject:
@@ -351,7 +233,7 @@ def _subject(args: argparse.Namespace) -> _Subject:
     try:
         profile = profile_memory(
             model,
-            make_batch=_batch_factory(train_set),
+            make_batch=batch_factory(train_set, "plan"),
             loss_fn=task.loss_fn,
             precision=precision,
             optimizer=optimizer,
@@ -692,195 +574,3 @@ def _render(r: dict[str, Any], args: argparse.Namespace) -> str:
     lines.append(f"  job file: strategy: {{{config}}}")
     lines += [f"note: {n}" for n in r["notes"]]
     return "\n".join(lines)
-
-
-# --- find-batch ------------------------------------------------------------------------------
-
-
-def _run_find_batch(args: argparse.Namespace) -> int:
-    from gpu_training.cli import UsageError
-
-    if args.min_batch > args.max_batch:
-        raise UsageError(
-            f"find-batch: --min-batch ({args.min_batch}) must be <= --max-batch ({args.max_batch})"
-        )
-    if args.throughput_steps < 0:
-        raise UsageError(
-            f"find-batch: --throughput-steps must be >= 0, got {args.throughput_steps}"
-        )
-    import torch
-
-    from gpu_training.job import load_job
-    from gpu_training.trainer import build_task
-
-    job = load_job(args.config, list(args.overrides))
-    task = build_task(job)
-    train_set, _ = task.build_data()
-    make_batch = _batch_factory(train_set)
-    if args.gpu_memory is not None:
-        return _find_by_estimate(args, job, task, make_batch)
-    from gpu_training.ddp import cleanup_distributed, init_distributed, resolve_device
-    from gpu_training.profiling import BatchSizeError, make_fits, search_max_batch_size
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("find-batch: --device cuda, but CUDA is not available")
-    ctx = init_distributed()
-    try:
-        device = resolve_device(ctx) if args.device != "cpu" else torch.device("cpu")
-        torch.manual_seed(job.training.seed)
-        model = task.build_model().to(device)
-        fits = make_fits(model, make_batch, task.loss_fn, precision=job.training.precision)
-        try:
-            result = search_max_batch_size(
-                fits, args.min_batch, args.max_batch, args.safety_margin, ctx=ctx
-            )
-        except BatchSizeError as err:
-            raise UsageError(f"find-batch: {err}") from None
-        throughput = None
-        if args.throughput_steps:
-            throughput = _throughput(
-                args,
-                job,
-                model,
-                make_batch,
-                task.loss_fn,
-                result.recommended,
-                device,
-                ctx.world_size,
-            )
-    finally:
-        cleanup_distributed()
-    if not ctx.is_main_process:
-        return 0
-    report = {
-        "mode": "measured",
-        "device": str(device),
-        "world_size": ctx.world_size,
-        "best_fitting": result.best_fitting,
-        "recommended": result.recommended,
-        "safety_margin": result.safety_margin,
-        "probes": [list(p) for p in result.probes],
-        "hit_max_batch": result.hit_max_batch,
-        "throughput": throughput,
-    }
-    _print_find(report, args)
-    return 0
-
-
-def _find_by_estimate(
-    args: argparse.Namespace, job: JobConfig, task: Any, make_batch: Callable[[int], Any]
-) -> int:
-    import torch
-
-    from gpu_training.cli import UsageError
-    from gpu_training.memory import MemoryBudgetError, format_bytes, profile_memory
-    from gpu_training.profiling import BatchSizeError, search_max_batch_size
-
-    spec = job.strategy
-    with torch.device("meta"):
-        model = task.build_model()
-    precision = job.training.precision if job.training.precision != "auto" else "bf16"
-    try:
-        profile = profile_memory(
-            model,
-            make_batch=make_batch,
-            loss_fn=task.loss_fn,
-            precision=precision,
-            device="cuda",
-        )
-
-        def fits(batch: int) -> bool:
-            est = profile.estimate(
-                batch,
-                strategy=spec.name,
-                zero_stage=spec.zero_stage,
-                offload=spec.offload,
-                world_size=args.gpus,
-                activation_checkpointing=spec.activation_checkpointing,
-            )
-            return est.total <= args.gpu_memory
-
-        result = search_max_batch_size(fits, args.min_batch, args.max_batch, args.safety_margin)
-    except (BatchSizeError, MemoryBudgetError) as err:
-        raise UsageError(f"find-batch: {err}") from None
-    report = {
-        "mode": "estimated",
-        "device": f"{args.gpus} x {format_bytes(args.gpu_memory)} GPU (estimate, nothing ran)",
-        "world_size": args.gpus,
-        "best_fitting": result.best_fitting,
-        "recommended": result.recommended,
-        "safety_margin": result.safety_margin,
-        "probes": [list(p) for p in result.probes],
-        "hit_max_batch": result.hit_max_batch,
-        "throughput": None,
-    }
-    _print_find(report, args)
-    return 0
-
-
-def _throughput(
-    args: argparse.Namespace,
-    job: JobConfig,
-    model: Any,
-    make_batch: Callable[[int], Sequence[Any]],
-    loss_fn: Callable[..., Any],
-    batch_size: int,
-    device: Any,
-    world_size: int,
-) -> dict[str, Any]:
-    import torch
-
-    from gpu_training.amp import MixedPrecisionTrainer
-    from gpu_training.ddp import move_to_device
-    from gpu_training.profiling import ThroughputMeter
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-12)  # timing only: barely moves
-    trainer = MixedPrecisionTrainer(optimizer, precision=job.training.precision, device=device)
-    *inputs, target = move_to_device(tuple(make_batch(batch_size)), device)
-    tokens = int(target.numel()) if target.dim() >= 2 else None
-    fpt_fn = getattr(model, "flops_per_token", None)
-    seq = int(target.shape[1]) if target.dim() >= 2 else None
-    flops = float(fpt_fn(seq)) if callable(fpt_fn) and tokens else None
-    meter = ThroughputMeter(
-        flops_per_token=flops,
-        peak_tflops=args.peak_tflops,
-        world_size=world_size,
-        device=device,
-        precision=trainer.precision,
-    )
-    snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.train()
-    for step in range(args.throughput_steps + 1):  # step 0 warms up (allocator, kernels)
-        if step == 1:
-            meter.start()
-        with trainer.autocast():
-            loss = loss_fn(model(*inputs), target)
-        trainer.backward(loss)
-        trainer.step(model.parameters(), micro_step=0)
-        meter.update(samples=batch_size, tokens=tokens)
-    stats = meter.compute()
-    model.load_state_dict(snapshot)
-    return {
-        **stats.to_metrics(),
-        "summary": str(stats),
-        "steps": stats.steps,
-        "peak_tflops": stats.peak_tflops,
-    }
-
-
-def _print_find(report: dict[str, Any], args: argparse.Namespace) -> None:
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    probes = " ".join(f"{b}{'' if ok else '!'}" for b, ok in report["probes"])
-    lines = [
-        f"largest batch that fits: {report['best_fitting']} ({report['mode']} on "
-        f"{report['device']}; probes: {probes}; ! = did not fit)",
-        f"recommended per-device batch: {report['recommended']} "
-        f"({report['safety_margin']:g} safety margin)",
-    ]
-    if report["hit_max_batch"]:
-        lines.append("note: --max-batch itself fit: memory may allow more; raise --max-batch")
-    if report["throughput"] is not None:
-        lines.append(f"throughput at {report['recommended']}: {report['throughput']['summary']}")
-    print("\n".join(lines))
