@@ -385,19 +385,18 @@ class Trainer:
                 StallWatchdog.from_env(ctx) as watchdog,  # GPU_TRAINING_STALL_TIMEOUT seconds
             ):
                 # Device-side sums, read every log_every steps: no host sync per step.
-                window_loss = torch.zeros((), dtype=torch.float64, device=device)
+                losses: list[torch.Tensor] = []  # micro-batch losses of the log window
                 norms: list[torch.Tensor] = []
-                window_micro = 0
+                on_cpu = device.type == "cpu"  # the loader's tensors are already there
                 meter.start()
                 while step < total and not self.state.preempted:
                     for micro, batch in enumerate(loader):
-                        inputs, targets = move_to_device(batch, device)
+                        inputs, targets = batch if on_cpu else move_to_device(batch, device)
                         with steps.sync(micro):
                             with steps.autocast():
                                 loss = task.loss_fn(wrapped(inputs), targets)
                             steps.backward(loss)
-                        window_loss += loss.detach().double()
-                        window_micro += 1
+                        losses.append(loss.detach())
                         norm = steps.step_async(micro)
                         if norm is None:
                             continue
@@ -409,7 +408,8 @@ class Trainer:
                         norms.append(norm)
                         meter.update(samples_per_step, tokens_per_step)
                         if step % job.run.log_every == 0 or step == total:
-                            metrics = reduce_scalar_dict({"loss": window_loss / window_micro}, ctx)
+                            window_loss = torch.stack(losses).double().mean()
+                            metrics = reduce_scalar_dict({"loss": window_loss}, ctx)
                             metrics.update(
                                 lr=float(scheduler.get_last_lr()[0]),
                                 grad_norm=_mean_finite(norms),
@@ -422,9 +422,8 @@ class Trainer:
                             writer.write("train", step, metrics)
                             self._log_line(step, total, metrics)
                             self._emit("on_log", metrics)
-                            window_loss.zero_()
+                            losses.clear()
                             norms.clear()
-                            window_micro = 0
                         if val_loader is not None and (
                             step % job.run.eval_every == 0 or step == total
                         ):

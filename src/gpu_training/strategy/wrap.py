@@ -431,6 +431,10 @@ def wrap_model(
 # --- one step loop for every strategy -------------------------------------------------------
 
 
+_SYNCING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+"""Reusable no-op: most micro-steps cost no context-manager generator (it shows on tiny models)."""
+
+
 @dataclass(frozen=True)
 class StepFns:
     """The four moves of a micro-step, the same for every strategy.
@@ -460,7 +464,9 @@ def step_fns(model: nn.Module, trainer: MixedPrecisionTrainer) -> StepFns:
     accum = trainer.grad_accum_steps
 
     def sync(micro_step: int) -> contextlib.AbstractContextManager[Any]:
-        return gradient_sync(model, enabled=should_step(micro_step, accum))
+        if should_step(micro_step, accum):
+            return _SYNCING  # the boundary micro-step syncs as usual: nothing to switch off
+        return gradient_sync(model, enabled=False)
 
     def step(micro_step: int) -> float | None:
         return trainer.step(model.parameters(), micro_step)
