@@ -193,7 +193,9 @@ class MixedPrecisionTrainer:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Divide by the accumulation steps, scale (fp16), and backpropagate."""
-        self._scaler.scale(loss / self.grad_accum_steps).backward()
+        if self.grad_accum_steps > 1:  # x / 1 is x, but costs an op and an autograd node
+            loss = loss / self.grad_accum_steps
+        self._scaler.scale(loss).backward()
 
     def step(self, params: Iterable[torch.nn.Parameter], micro_step: int) -> float | None:
         """Step the optimizer if ``micro_step`` closes an accumulation window.
