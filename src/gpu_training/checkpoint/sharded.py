@@ -549,6 +549,19 @@ def save_directory(
     tmp: Path | None = None
     lock_fd: int | None = None
     committed = False
+
+    def settle(attempt: _Attempt, payload: Any = None) -> list[Any]:
+        try:
+            return _settle(ctx, attempt, what, payload)
+        except CheckpointError:
+            # Rank 0 removes its temporary directory before *any* rank reports the failure:
+            # a caller that looks right after the error must find nothing half-written.
+            if tmp is not None and not committed:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if _distributed(ctx):
+                dist.barrier()
+            raise
+
     try:
         with _Attempt() as setup:
             if ctx.is_main_process:
@@ -556,7 +569,7 @@ def save_directory(
                     manager.directory.mkdir(parents=True, exist_ok=True)
                     _fsync_dir(manager.directory.parent)
                 tmp, lock_fd = _make_locked_tmp(manager.directory, _step_name(step))
-        name = _settle(ctx, setup, what, tmp.name if tmp is not None else None)[0]
+        name = settle(setup, tmp.name if tmp is not None else None)[0]
         shared_tmp = manager.directory / str(name)
 
         with _Attempt() as gather:
@@ -564,14 +577,14 @@ def save_directory(
                 prepare()
             if ctx.is_main_process and extra is not None:
                 _write_extra(shared_tmp, extra)
-        _settle(ctx, gather, what)  # before write: its collectives need every rank
+        settle(gather)  # before write: its collectives need every rank
 
         written: set[str] = set()
         entries: list[dict[str, Any]] = []
         with _Attempt() as attempt:
             written = write(shared_tmp)
             entries = _own_files(shared_tmp, ctx)
-        every = _settle(ctx, attempt, what, entries)
+        every = settle(attempt, entries)
 
         final: Path | None = None
         with _Attempt() as commit:
@@ -581,7 +594,7 @@ def save_directory(
                 )
                 committed = True
                 manager._prune(keep=final)  # only after a commit; failures there only warn
-        _settle(ctx, commit, what)
+        settle(commit)
         return final
     finally:
         if tmp is not None and not committed:  # every rank has stopped writing by now
