@@ -232,6 +232,7 @@ def _failure_worker(root: str) -> dict[str, Any]:
         dcp.FileSystemWriter.write_data = real_write  # type: ignore[method-assign]
         ctx.barrier()
         out["after_write"] = (_tmp_dirs(Path(root)), [p.name for p in ckpt.list_checkpoints()])
+        ctx.barrier()  # every rank has looked before rank 0 starts the next save
 
         # 2) rank 1 fails before any shard is written (its state cannot be gathered)
         real_get = sharded.get_state_dict
@@ -251,6 +252,7 @@ def _failure_worker(root: str) -> dict[str, Any]:
         out["extra"] = _expect_error(ckpt.save_sharded, model, opt, 4, extra=extra)
         ctx.barrier()
         out["after_all"] = (_tmp_dirs(Path(root)), [p.name for p in ckpt.list_checkpoints()])
+        ctx.barrier()
 
         # the surviving checkpoint is intact and still loads, bit for bit
         out["verify"] = ckpt.verify(1)
