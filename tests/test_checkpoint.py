@@ -196,8 +196,14 @@ def test_manifest_written_last_and_carries_checksums(
     assert created.utcoffset() is not None and created.utcoffset().total_seconds() == 0
     assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 60
     data = (path / STATE_NAME).read_bytes()
+    import xxhash  # independent of the writer's streaming hash: one call over the file
+
     assert manifest["files"] == [
-        {"name": STATE_NAME, "size": len(data), "checksum": f"crc32:{zlib.crc32(data):08x}"}
+        {
+            "name": STATE_NAME,
+            "size": len(data),
+            "checksum": f"xxh3:{xxhash.xxh3_64_intdigest(data):016x}",
+        }
     ]
     assert (path / MANIFEST_NAME).stat().st_mtime_ns >= (path / STATE_NAME).stat().st_mtime_ns
 
@@ -604,3 +610,29 @@ def test_directory_fsync_comes_before_any_old_checkpoint_is_removed(
     assert events == []
     keep_all.wait()  # nothing pending, but the rename is made durable here
     assert events == ["fsync checkpoint dir"]
+
+
+def test_crc32_manifests_still_verify_and_catch_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints written without xxhash (CRC32) load, verify, and fail verification when hit."""
+    import gpu_training.checkpoint.files as files
+
+    monkeypatch.setattr(files, "_xxhash", None)
+    ckpt = CheckpointManager(tmp_path, ctx=DistributedContext(), keep_last_n=None)
+    path = ckpt.save({"w": torch.arange(1000.0)}, step=1)
+    assert path is not None
+    monkeypatch.undo()  # xxhash is back: verification follows each manifest's algorithm
+    manifest = json.loads((path / MANIFEST_NAME).read_text())
+    data = (path / STATE_NAME).read_bytes()
+    assert manifest["files"][0]["checksum"] == f"crc32:{zlib.crc32(data):08x}"
+    assert ckpt.verify(1) == []
+    assert torch.equal(ckpt.load()["w"], torch.arange(1000.0))
+    ckpt.save({"w": torch.ones(3)}, step=2)  # the new one uses xxh3
+    assert json.loads((tmp_path / "step-00000002" / MANIFEST_NAME).read_text())["files"][0][
+        "checksum"
+    ].startswith("xxh3:")
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF
+    (path / STATE_NAME).write_bytes(bytes(flipped))
+    assert any("checksum mismatch" in p for p in ckpt.verify(1))

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+import xxhash
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -347,7 +348,7 @@ def test_fsdp_layout_and_manifest(fsdp_run: tuple[Path, dict[str, Any]]) -> None
     for entry in manifest["files"]:
         data = (step_dir / entry["name"]).read_bytes()
         assert entry["size"] == len(data)
-        assert entry["checksum"] == f"crc32:{zlib.crc32(data):08x}"
+        assert entry["checksum"] == f"xxh3:{xxhash.xxh3_64_intdigest(data):016x}"
     ckpt = CheckpointManager(root, ctx=SINGLE)
     assert ckpt.list_checkpoints() == [step_dir]
     assert ckpt.latest(verify_checksums=True) == step_dir

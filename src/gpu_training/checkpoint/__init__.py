@@ -1,7 +1,7 @@
 """Checkpoints that are never half-written, and resume that is exact.
 
 - :mod:`~gpu_training.checkpoint.files` — the layout (names, manifest checks) and the durable
-  file-system moves (CRC32 while writing, fsync, atomic swap, locked temporaries);
+  file-system moves (a checksum while writing, fsync, atomic swap, locked temporaries);
   :mod:`~gpu_training.checkpoint.keys` strips wrapper prefixes from state-dict keys.
 - :mod:`~gpu_training.checkpoint.manager` — :class:`CheckpointManager`: plain (full-state)
   checkpoints written by rank 0, atomically, with a manifest, checksums and pruning;

@@ -21,6 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
+try:  # the fast checksum; without it new checkpoints use zlib's CRC32
+    import xxhash as _xxhash
+except ImportError:  # pragma: no cover - xxhash is a core dependency
+    _xxhash = None  # type: ignore[assignment]
+
 try:  # POSIX only: without it a writer's temporary directory is not protected by a lock
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -49,6 +54,7 @@ DEEPSPEED_FORMAT = "deepspeed"
 EXTRA_NAME = "extra.pt"
 """The file of a sharded checkpoint holding its ``extra`` state (rank 0's copy)."""
 
+_CHECKSUM_RE = re.compile(r"xxh3:[0-9a-f]{16}|crc32:[0-9a-f]{8}")
 _TMP_PREFIX = ".tmp-"
 _STEP_RE = re.compile(r"step-(\d{8,})")
 _READ_CHUNK = 8 << 20
@@ -65,20 +71,60 @@ class CheckpointError(RuntimeError):
 # durable file-system primitives
 
 
-class _Crc32Writer:
-    """The file object handed to ``torch.save``: writes through and CRC32s the same bytes.
+class _Checksum:
+    """A running checksum of one file's bytes, written ``"<algorithm>:<hex>"`` in manifests.
 
-    CRC32, not BLAKE2b: on a 40.9 MB model+AdamW state (2-core VM, torch 2.13) zlib.crc32
-    hashes at ~4.1 GB/s vs ~0.9 GB/s for blake2b; hashed inline while writing, save+fsync took
-    1.35x a durable bare ``torch.save`` with crc32 and 2.3x with blake2b (1.12x with crc32 on a
-    second core, as below). CRC32 catches torn and corrupted files, which is its job here; it
-    is no defence against someone who can rewrite the manifest anyway.
+    ``xxh3`` (XXH3-64, the ``xxhash`` package) when available, else ``crc32`` (zlib): on this
+    project's 2-core VM XXH3 hashes 41 MB in 2.3 ms (~18 GB/s) against 10.2 ms for CRC32 and
+    ~45 ms for BLAKE2b, so the checksum no longer sits on a save's critical path (CRC32 was
+    slower than the page-cache write it ran beside). Either catches torn and corrupted files,
+    which is the job here; neither defends against someone who can rewrite the manifest.
+    Manifests with either algorithm verify, whichever one writes new checkpoints.
+
+    Args:
+        algorithm: ``"xxh3"`` or ``"crc32"`` (default: :func:`default_checksum`).
     """
 
-    def __init__(self, raw: BinaryIO, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, algorithm: str | None = None) -> None:
+        self.algorithm = algorithm or default_checksum()
+        if self.algorithm == "xxh3":
+            if _xxhash is None:
+                raise CheckpointError(
+                    "an xxh3 checksum needs the xxhash package (pip install xxhash)"
+                )
+            self._xxh = _xxhash.xxh3_64()
+        elif self.algorithm != "crc32":
+            raise ValueError(f"unknown checksum algorithm {self.algorithm!r}")
+        self._crc = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        """Adds ``data`` (both implementations release the GIL on large buffers)."""
+        if self.algorithm == "xxh3":
+            self._xxh.update(data)
+        else:
+            self._crc = zlib.crc32(data, self._crc)
+
+    def text(self) -> str:
+        """``"xxh3:<16 hex digits>"`` or ``"crc32:<8 hex digits>"``."""
+        if self.algorithm == "xxh3":
+            return f"xxh3:{self._xxh.intdigest():016x}"
+        return f"crc32:{self._crc:08x}"
+
+
+def default_checksum() -> str:
+    """The algorithm new checkpoints use: ``xxh3`` with ``xxhash`` installed, else ``crc32``."""
+    return "xxh3" if _xxhash is not None else "crc32"
+
+
+class _HashingWriter:
+    """The file object handed to ``torch.save``: writes through and hashes the same bytes."""
+
+    def __init__(
+        self, raw: BinaryIO, pool: ThreadPoolExecutor, algorithm: str | None = None
+    ) -> None:
         self._raw = raw
         self._pool = pool
-        self.crc = 0
+        self.checksum = _Checksum(algorithm)
         self.size = 0
         self.error: OSError | None = None
         """The first OSError of a write (torch.save reports it only as "unexpected pos")."""
@@ -87,14 +133,14 @@ class _Crc32Writer:
         view = memoryview(data).cast("B")
         try:
             if view.nbytes >= _OVERLAP_MIN_BYTES:
-                # crc32 and the file write both release the GIL: hash on a second core meanwhile
-                job = self._pool.submit(zlib.crc32, view, self.crc)
+                # hashing and the file write both release the GIL: hash on a second core meanwhile
+                job = self._pool.submit(self.checksum.update, view)
                 try:
                     written = self._raw.write(view)
                 finally:
-                    self.crc = job.result()  # wait even on error: torch frees the buffer after us
+                    job.result()  # wait even on error: torch frees the buffer after us
             else:
-                self.crc = zlib.crc32(view, self.crc)
+                self.checksum.update(view)
                 written = self._raw.write(view)
         except OSError as exc:  # ENOSPC, EFBIG...: keep it, torch replaces it by its own error
             self.error = self.error or exc
@@ -118,14 +164,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _file_crc32(path: Path) -> int:
-    crc = 0
+def _file_checksum(path: Path, algorithm: str | None = None) -> str:
+    """``"<algorithm>:<hex>"`` of a file's bytes (see :class:`_Checksum`)."""
+    checksum = _Checksum(algorithm)
     buf = bytearray(_READ_CHUNK)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-    return crc
+            checksum.update(view[:n])
+    return checksum.text()
+
+
+def _checksum_mismatch(path: Path, expected: str) -> bool:
+    """Whether ``path``'s bytes do not hash to ``expected`` (computed with its algorithm)."""
+    return _file_checksum(path, expected.split(":", 1)[0]) != expected
 
 
 @functools.cache
@@ -241,12 +293,12 @@ def _manifest_problems(manifest: Any, path: Path) -> list[str]:
             and "\\" not in name
             and isinstance(entry.get("size"), int)
             and isinstance(entry.get("checksum"), str)
-            and re.fullmatch(r"crc32:[0-9a-f]{8}", entry["checksum"]) is not None
+            and _CHECKSUM_RE.fullmatch(entry["checksum"]) is not None
         )
         if not ok:
             problems.append(
                 f"{path / MANIFEST_NAME}: bad file entry {entry!r} (expected "
-                "name, size and checksum 'crc32:<8 hex digits>')"
+                "name, size and checksum 'xxh3:<16 hex digits>' or 'crc32:<8 hex digits>')"
             )
     return problems
 
@@ -277,7 +329,7 @@ def _inspect(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, lis
                 f"{file}: {size} bytes, the manifest says {entry['size']} "
                 "(truncated or overwritten)"
             )
-        elif checksums and f"crc32:{_file_crc32(file):08x}" != entry["checksum"]:
+        elif checksums and _checksum_mismatch(file, entry["checksum"]):
             problems.append(
                 f"{file}: checksum mismatch, the manifest says "
                 f"{entry['checksum']} (the file is corrupted)"

@@ -2,8 +2,8 @@
 
 A checkpoint is a directory ``DIR/step-00001234/`` holding ``state.pt`` (one ``torch.save``)
 and ``manifest.json``, written last: format version, step, world size, config hash, UTC
-creation time, and each file's size and CRC32. A directory without a valid manifest does not
-exist for :meth:`CheckpointManager.latest`. A save goes to ``DIR/.tmp-step-00001234-<random>/``,
+creation time, and each file's size and checksum (XXH3, or CRC32 without ``xxhash``). A
+directory without a valid manifest does not exist for :meth:`CheckpointManager.latest`. A save goes to ``DIR/.tmp-step-00001234-<random>/``,
 every file is fsynced, then the directory is renamed into place, so a crash (SIGKILL, power
 loss, full disk) at any moment leaves the previous checkpoints intact and at worst a ``.tmp-*``
 directory that :meth:`CheckpointManager.clean_stale` removes. The parent directory is fsynced
@@ -61,9 +61,9 @@ from gpu_training.checkpoint.files import (
     STATE_NAME,
     CheckpointError,
     _check_step,
-    _Crc32Writer,
     _exchange,
     _fsync_dir,
+    _HashingWriter,
     _inspect,
     _make_locked_tmp,
     _step_name,
@@ -223,7 +223,7 @@ class CheckpointManager:
         On rank 0 it first removes stale ``.tmp-*`` directories (:meth:`clean_stale`).
 
         Args:
-            verify_checksums: Also read every file and compare its CRC32 with the manifest
+            verify_checksums: Also read every file and compare its checksum with the manifest
                 (catches silent corruption; costs one read of the checkpoint).
 
         Returns:
@@ -608,7 +608,7 @@ class CheckpointManager:
                 ThreadPoolExecutor(3, thread_name_prefix="checkpoint") as pool,
                 open(tmp / STATE_NAME, "wb") as raw,
             ):
-                sink = _Crc32Writer(raw, pool)
+                sink = _HashingWriter(raw, pool)
                 try:
                     torch.save(clean_state, cast(IO[bytes], sink))
                 except Exception as exc:
@@ -629,7 +629,7 @@ class CheckpointManager:
                     "torch_version": torch.__version__,
                     "metadata": extras,
                     "files": [
-                        {"name": STATE_NAME, "size": sink.size, "checksum": f"crc32:{sink.crc:08x}"}
+                        {"name": STATE_NAME, "size": sink.size, "checksum": sink.checksum.text()}
                     ],
                 }
                 # the manifest is written last, once the state is complete

@@ -8,7 +8,7 @@ It backs ``gpu-training ckpt inspect / verify / consolidate``:
 
 - :func:`find_checkpoint`, :func:`read_manifest`: a step directory, or a root's newest
   committed one, and its manifest;
-- :func:`verify_checkpoints`: sizes and CRC32 checksums of one step or every step;
+- :func:`verify_checkpoints`: sizes and checksums of one step or every step;
 - :func:`consolidate`: one ``.safetensors`` or ``.pt`` file with unwrapped keys, loadable into
   a plain model, written atomically.
 
@@ -177,7 +177,7 @@ def read_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
 
 
 def verify_checkpoints(path: str | os.PathLike[str]) -> dict[Path, list[str]]:
-    """Checks sizes and CRC32 checksums against the manifest, for one step or every step.
+    """Checks sizes and checksums against the manifest, for one step or every step.
 
     Args:
         path: A step directory (checks it) or a checkpoint root (checks every

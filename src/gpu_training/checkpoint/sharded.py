@@ -3,7 +3,7 @@
 A sharded checkpoint has the same layout and guarantees as a plain one
 (:mod:`~gpu_training.checkpoint.manager`): a directory ``DIR/step-00001234/`` that appears
 whole or not at all, with ``manifest.json`` written last (``"state_format": "dcp"``, step,
-world size, every file's size and CRC32). It holds DCP's files — ``.metadata`` and one
+world size, every file's size and checksum). It holds DCP's files — ``.metadata`` and one
 ``__<rank>_0.distcp`` per rank — plus ``extra.pt`` when ``extra`` state was given::
 
     step-00001234/
@@ -86,7 +86,8 @@ from gpu_training.checkpoint.files import (
     SHARDED_FORMAT,
     CheckpointError,
     _check_step,
-    _file_crc32,
+    _checksum_mismatch,
+    _file_checksum,
     _fsync_dir,
     _inspect,
     _make_locked_tmp,
@@ -383,7 +384,7 @@ def _write_extra(tmp: Path, extra: Mapping[str, Any]) -> None:
 
 
 def _own_files(tmp: Path, ctx: DistributedContext) -> list[dict[str, Any]]:
-    """Size and CRC32 of the files this rank answers for (its own shards; rank 0: the rest)."""
+    """Size and checksum of the files this rank answers for (its own shards; rank 0: the rest)."""
     entries = []
     with os.scandir(tmp) as found:
         names = sorted(e.name for e in found if e.is_file(follow_symlinks=False))
@@ -398,7 +399,7 @@ def _own_files(tmp: Path, ctx: DistributedContext) -> list[dict[str, Any]]:
             {
                 "name": name,
                 "size": file.stat().st_size,
-                "checksum": f"crc32:{_file_crc32(file):08x}",
+                "checksum": _file_checksum(file),
             }
         )
     return entries
@@ -622,7 +623,7 @@ def _verify_shared(ctx: DistributedContext, path: Path, manifest: dict[str, Any]
                 continue
             if size != entry["size"]:
                 problems.append(f"{file}: {size} bytes, the manifest says {entry['size']}")
-            elif f"crc32:{_file_crc32(file):08x}" != entry["checksum"]:
+            elif _checksum_mismatch(file, entry["checksum"]):
                 problems.append(
                     f"{file}: checksum mismatch, the manifest says {entry['checksum']} "
                     "(the file is corrupted)"
