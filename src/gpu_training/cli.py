@@ -254,7 +254,7 @@ def _add_ckpt_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="check sizes and checksums (exit 1 on corruption)",
         description=(
             "Check every file of every step directory under DIR (or of the step DIR names) "
-            "against its manifest: presence, size and CRC32. Exit code 1 if any is damaged."
+            "against its manifest: presence, size and checksum. Exit code 1 if any is damaged."
         ),
     )
     verify.add_argument("dir", metavar="DIR", help="checkpoint root or step directory")
