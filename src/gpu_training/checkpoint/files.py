@@ -125,6 +125,7 @@ class _HashingWriter:
         self._raw = raw
         self._pool = pool
         self.checksum = _Checksum(algorithm)
+        self._overlap = self.checksum.algorithm == "crc32"
         self.size = 0
         self.error: OSError | None = None
         """The first OSError of a write (torch.save reports it only as "unexpected pos")."""
@@ -132,8 +133,9 @@ class _HashingWriter:
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data).cast("B")
         try:
-            if view.nbytes >= _OVERLAP_MIN_BYTES:
-                # hashing and the file write both release the GIL: hash on a second core meanwhile
+            if self._overlap and view.nbytes >= _OVERLAP_MIN_BYTES:
+                # CRC32 (~4 GB/s) is as slow as the write: hash on a second core meanwhile.
+                # XXH3 (~18 GB/s) is hashed inline: a thread hand-off per record cost more.
                 job = self._pool.submit(self.checksum.update, view)
                 try:
                     written = self._raw.write(view)
