@@ -157,7 +157,7 @@ def _mean_finite(norms: list[torch.Tensor]) -> float:
     """Mean of the finite gradient norms of a log window (one host sync for all of them)."""
     if not norms:
         return 0.0
-    values = torch.stack([n.double().cpu() for n in norms])  # DeepSpeed's live on the CPU
+    values = torch.stack(norms).double().cpu()  # one step function: one device for all
     finite = values[torch.isfinite(values)]
     return float(finite.mean()) if finite.numel() else 0.0  # every step overflowed (fp16)
 
