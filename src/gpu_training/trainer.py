@@ -384,7 +384,7 @@ class Trainer:
                 self._progress(total, step) as advance,
                 StallWatchdog.from_env(ctx) as watchdog,  # GPU_TRAINING_STALL_TIMEOUT seconds
             ):
-                # Device-side sums, read every log_every steps: no host sync per step.
+                # Device-side values, read once per log window: no host sync per step.
                 losses: list[torch.Tensor] = []  # micro-batch losses of the log window
                 norms: list[torch.Tensor] = []
                 on_cpu = device.type == "cpu"  # the loader's tensors are already there
