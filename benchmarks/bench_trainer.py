@@ -210,26 +210,34 @@ def run_trainer(task: Task, model: str, plan: Plan, world: int) -> tuple[float, 
     return clock.timing(plan.steps, plan.warmup)
 
 
-def run_manual(task: Task, model_name: str, plan: Plan, world: int) -> tuple[float, float]:
-    rank = dist.get_rank() if world > 1 else 0
+def _torch_parts(
+    task: Task, model_name: str, plan: Plan, world: int
+) -> tuple[Any, nn.Module, Any, torch.optim.Optimizer, Any]:
+    """The config, model, dataset, AdamW and warmup-cosine ``LambdaLR`` every loop starts from."""
     cfg = job_for(model_name, plan, world, "unused").training.for_world_size(world)
-    clock = StepClock(task.loss_fn)
     torch.manual_seed(cfg.seed)
-    model: nn.Module = task.build_model()
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+    model = task.build_model()
     train_ds, _ = task.build_data()
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        train_ds, num_replicas=world, rank=rank, seed=cfg.seed
-    )
-    loader = DataLoader(
-        train_ds, batch_size=cfg.per_device_batch_size, sampler=sampler, drop_last=True
-    )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.scaled_learning_rate, weight_decay=cfg.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: warmup_cosine_factor(s, cfg.warmup_steps, plan.steps, 0.0)
+    )
+    return cfg, model, train_ds, optimizer, scheduler
+
+
+def run_manual(task: Task, model_name: str, plan: Plan, world: int) -> tuple[float, float]:
+    rank = dist.get_rank() if world > 1 else 0
+    cfg, model, train_ds, optimizer, scheduler = _torch_parts(task, model_name, plan, world)
+    clock = StepClock(task.loss_fn)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)  # same parameters, same optimizer
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        train_ds, num_replicas=world, rank=rank, seed=cfg.seed
+    )
+    loader = DataLoader(
+        train_ds, batch_size=cfg.per_device_batch_size, sampler=sampler, drop_last=True
     )
     step = 0
     while step < plan.steps:
@@ -251,23 +259,6 @@ def run_manual(task: Task, model_name: str, plan: Plan, world: int) -> tuple[flo
                 break
         sampler.set_epoch(sampler.epoch + 1)
     return clock.timing(plan.steps, plan.warmup)
-
-
-def _torch_parts(
-    task: Task, model_name: str, plan: Plan, world: int
-) -> tuple[Any, nn.Module, Any, torch.optim.Optimizer, Any]:
-    """The config, model, dataset, AdamW and warmup-cosine ``LambdaLR`` every loop starts from."""
-    cfg = job_for(model_name, plan, world, "unused").training.for_world_size(world)
-    torch.manual_seed(cfg.seed)
-    model = task.build_model()
-    train_ds, _ = task.build_data()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.scaled_learning_rate, weight_decay=cfg.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine_factor(s, cfg.warmup_steps, plan.steps, 0.0)
-    )
-    return cfg, model, train_ds, optimizer, scheduler
 
 
 def run_helpers(task: Task, model_name: str, plan: Plan, world: int) -> tuple[float, float]:

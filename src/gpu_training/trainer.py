@@ -111,10 +111,10 @@ def check_job(job: JobConfig, task: Task | None = None) -> Task:
     Raises:
         ConfigError: (``TaskError``, ``StrategyError``) naming the offending field or name.
     """
-    from gpu_training.strategy import StrategyError, find_blocks
+    from gpu_training.strategy import find_blocks
 
     if job.strategy.name == "deepspeed":
-        _check_deepspeed_job(job, StrategyError)
+        _check_deepspeed_job(job)
     task = task if task is not None else build_task(job)
     if job.strategy.block_classes:
         with torch.device("meta"):  # only the module structure is needed
@@ -123,12 +123,15 @@ def check_job(job: JobConfig, task: Task | None = None) -> Task:
     return task
 
 
-def _check_deepspeed_job(job: JobConfig, error: type[Exception]) -> None:
+def _check_deepspeed_job(job: JobConfig) -> None:
+    """The deepspeed extra is installed and the DeepSpeed config leaves the LR to the Trainer."""
     import importlib.util
-    import json
+
+    from gpu_training.config import read_config_file
+    from gpu_training.strategy import StrategyError
 
     if importlib.util.find_spec("deepspeed") is None:
-        raise error(
+        raise StrategyError(
             "field 'strategy.name': 'deepspeed' needs the deepspeed extra "
             "(pip install 'gpu-training[deepspeed]')",
             "strategy.name",
@@ -136,16 +139,10 @@ def _check_deepspeed_job(job: JobConfig, error: type[Exception]) -> None:
     path = job.strategy.deepspeed_config
     if path is None:
         return
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise error(
-            f"field 'strategy.deepspeed_config': cannot read {path}: {exc}",
-            "strategy.deepspeed_config",
-        ) from None
-    if isinstance(raw, dict) and "scheduler" in raw:
+    raw = read_config_file(path)  # a ConfigError names the file when it cannot be read
+    if "scheduler" in raw:
         # Two schedulers would both set the LR; the Trainer's is the one checkpoints restore.
-        raise error(
+        raise StrategyError(
             f"field 'strategy.deepspeed_config': {path} has a 'scheduler' section; the Trainer "
             "drives the learning rate itself (training.warmup_steps, training.min_lr_ratio): "
             "remove it",
