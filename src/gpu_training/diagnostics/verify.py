@@ -384,7 +384,7 @@ class _SyncCounter:
         # DDP checks these annotations as objects; postponed (string) ones would fail its check.
         counting_allreduce.__annotations__ = {
             "state": object,
-            "bucket": dist.GradBucket,  # type: ignore[attr-defined]
+            "bucket": dist.GradBucket,  # type: ignore[attr-defined, unused-ignore]
             "return": torch.futures.Future[torch.Tensor],
         }
         return counting_allreduce

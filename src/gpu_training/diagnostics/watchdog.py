@@ -133,7 +133,7 @@ def enable_debug_mode(env: MutableMapping[str, str] | None = None) -> dict[str, 
         import torch.distributed as dist
 
         # The level is read once at import; groups created from now on get the wrapper.
-        dist.set_debug_level_from_env()  # type: ignore[attr-defined]
+        dist.set_debug_level_from_env()  # type: ignore[attr-defined, unused-ignore]
     return previous
 
 
