@@ -9,8 +9,9 @@ does not pay for ``import torch``. Everything in ``__all__`` resolves on first a
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpu_training._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -106,18 +107,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpu_training' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"gpu_training.{module}"), name)
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

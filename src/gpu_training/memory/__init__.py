@@ -25,8 +25,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpu_training._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # budget (no torch)
@@ -85,18 +86,7 @@ __all__ = [
     "reference_transformer",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpu_training.memory' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"gpu_training.memory.{module}"), name)
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

@@ -21,8 +21,9 @@ torch::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpu_training._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # spec (no torch)
@@ -89,18 +90,7 @@ __all__ = [
     "wrap_model",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpu_training.strategy' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"gpu_training.strategy.{module}"), name)
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
