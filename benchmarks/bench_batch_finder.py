@@ -18,6 +18,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -35,6 +36,11 @@ def probe_bound(limit: int) -> int:
     return 2 * math.ceil(math.log2(limit)) + 2 if limit > 1 else 2
 
 
+def fits_up_to(limit: int) -> Callable[[int], bool]:
+    """A ``fits`` probe for a device that holds batches up to ``limit``."""
+    return lambda batch: batch <= limit
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-limit", type=int, default=5000)
@@ -44,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     over_budget: list[int] = []
     errors: list[int] = []
     for limit in range(1, args.max_limit + 1):
-        result = search_max_batch_size(lambda b, limit=limit: b <= limit, 1, CEILING, MARGIN)
+        result = search_max_batch_size(fits_up_to(limit), 1, CEILING, MARGIN)
         probes.append(result.num_probes)
         if result.num_probes > probe_bound(limit):
             over_budget.append(limit)

@@ -276,7 +276,11 @@ def run_helpers(task: Task, model_name: str, plan: Plan, world: int) -> tuple[fl
     scheduler = linear_warmup_cosine_lr(run.optimizer, cfg.warmup_steps, plan.steps, 0.0)
     train_ds, _ = task.build_data()
     sampler = GlobalBatchSampler(
-        len(train_ds), cfg.effective_batch_size, cfg.per_device_batch_size, ctx, seed=cfg.seed
+        len(train_ds),  # type: ignore[arg-type]  # a map-style dataset
+        cfg.effective_batch_size,
+        cfg.per_device_batch_size,
+        ctx,
+        seed=cfg.seed,
     )
     loader = DataLoader(train_ds, batch_sampler=sampler)
     step = 0
@@ -353,7 +357,9 @@ def run_fabric(task: Task, model_name: str, plan: Plan, world: int) -> tuple[flo
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if step % plan.log_every == 0 or step == plan.steps:
-                _ = float(fabric.all_reduce(loss.detach(), reduce_op="mean"))
+                mean = fabric.all_reduce(loss.detach(), reduce_op="mean")
+                assert isinstance(mean, torch.Tensor)
+                _ = float(mean)
             if step >= plan.steps:
                 break
     return clock.timing(plan.steps, plan.warmup)
