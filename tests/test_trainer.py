@@ -233,6 +233,28 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert not out.exists(), "nothing may be written on bad input"
 
 
+def test_deepspeed_job_without_the_extra_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without deepspeed installed: one StrategyError naming the field and the extra."""
+    import importlib.util
+
+    from gpu_training.job import load_job
+    from gpu_training.strategy import StrategyError
+    from gpu_training.trainer import _check_deepspeed_job
+
+    config, _ = _write_job(tmp_path, strategy__name="deepspeed")
+    job = load_job(config)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a),
+    )
+    with pytest.raises(StrategyError, match=r"'strategy.name'.*gpu-training\[deepspeed\]"):
+        _check_deepspeed_job(job)
+
+
 def test_fsdp_job_saves_sharded_and_resumes(tmp_path: Path) -> None:
     config, out = _write_job(
         tmp_path, strategy__name="fsdp", training__max_steps=4, checkpoint__every=2

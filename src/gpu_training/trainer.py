@@ -124,29 +124,32 @@ def check_job(job: JobConfig, task: Task | None = None) -> Task:
 
 
 def _check_deepspeed_job(job: JobConfig) -> None:
-    """The deepspeed extra is installed and the DeepSpeed config leaves the LR to the Trainer."""
+    """The DeepSpeed config leaves the LR to the Trainer, and the deepspeed extra is installed.
+
+    The file is checked first: its mistakes are the user's to fix whether or not the extra
+    is installed on this machine.
+    """
     import importlib.util
 
     from gpu_training.config import read_config_file
     from gpu_training.strategy import StrategyError
 
+    path = job.strategy.deepspeed_config
+    if path is not None:
+        raw = read_config_file(path)  # a ConfigError names the file when it cannot be read
+        if "scheduler" in raw:
+            # Two schedulers would both set the LR; the Trainer's is the one checkpoints restore.
+            raise StrategyError(
+                f"field 'strategy.deepspeed_config': {path} has a 'scheduler' section; the "
+                "Trainer drives the learning rate itself (training.warmup_steps, "
+                "training.min_lr_ratio): remove it",
+                "strategy.deepspeed_config",
+            )
     if importlib.util.find_spec("deepspeed") is None:
         raise StrategyError(
             "field 'strategy.name': 'deepspeed' needs the deepspeed extra "
             "(pip install 'gpu-training[deepspeed]')",
             "strategy.name",
-        )
-    path = job.strategy.deepspeed_config
-    if path is None:
-        return
-    raw = read_config_file(path)  # a ConfigError names the file when it cannot be read
-    if "scheduler" in raw:
-        # Two schedulers would both set the LR; the Trainer's is the one checkpoints restore.
-        raise StrategyError(
-            f"field 'strategy.deepspeed_config': {path} has a 'scheduler' section; the Trainer "
-            "drives the learning rate itself (training.warmup_steps, training.min_lr_ratio): "
-            "remove it",
-            "strategy.deepspeed_config",
         )
 
 
