@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpu_training.amp import MixedPrecisionTrainer, should_step
+from gpu_training.config import scale_lr
 from gpu_training.ddp import (
     DistributedContext,
     cleanup_distributed,
@@ -58,7 +59,11 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> None:
     dataset = make_dataset(args.samples)
     sampler = make_distributed_sampler(dataset, ctx, shuffle=True, seed=0, drop_last=True)
     loader = DataLoader(dataset, batch_size, shuffle=sampler is None, sampler=sampler)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    # The finder chose the per-device batch, so the effective batch is only known now: the LR
+    # tuned at --base-batch follows it (the linear scaling rule), whatever the rank count.
+    effective = batch_size * args.grad_accum * ctx.world_size
+    lr = scale_lr(args.lr, args.base_batch, effective)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     trainer = MixedPrecisionTrainer(
         optimizer, precision=args.precision, grad_accum_steps=args.grad_accum, max_grad_norm=1.0
     )
@@ -67,8 +72,10 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> None:
     if args.steps:
         micro_steps = min(micro_steps, args.steps * args.grad_accum)
     if ctx.is_main_process:
-        effective = batch_size * args.grad_accum * ctx.world_size
-        print(f"precision={trainer.precision} per-device batch={batch_size} effective={effective}")
+        print(
+            f"precision={trainer.precision} per-device batch={batch_size} "
+            f"effective={effective} lr={lr:.3g}"
+        )
 
     for epoch in range(args.epochs):
         if sampler is not None:
@@ -99,7 +106,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grad-accum", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=64, help="batch finder ceiling")
     parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--lr", type=float, default=3e-3, help="learning rate tuned at --base-batch"
+    )
+    parser.add_argument("--base-batch", type=int, default=256, help="effective batch --lr is for")
     return parser.parse_args(argv)
 
 

@@ -40,7 +40,8 @@ def test_train_amp_example_on_two_ranks(precision: str) -> None:
     # One header and one line per epoch, from rank 0 only (two ranks would print each twice).
     assert [e for e, _ in losses] == list(range(EPOCHS)), output[-4000:]
     header = re.findall(
-        r"^precision=(\w+) per-device batch=(\d+) effective=(\d+)$", proc.stdout, re.M
+        r"^precision=(\w+) per-device batch=(\d+) effective=(\d+) lr=(\S+)$", proc.stdout, re.M
     )
-    assert header == [(precision, "54", str(54 * 2 * 2))]  # floor(0.85 × 64), accum 2, 2 ranks
+    # floor(0.85 × 64), accum 2, 2 ranks; the LR tuned at 256 scaled linearly to 216
+    assert header == [(precision, "54", str(54 * 2 * 2), f"{3e-3 * 216 / 256:.3g}")]
     assert losses[-1][1] < losses[0][1], losses
