@@ -38,8 +38,13 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+ifeq ($(GPU_PYTHON),)
 test-gpu: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "requires_cuda or requires_gpus" $(PYTEST_ARGS)
+else
+test-gpu:
+	PYTHONPATH=$(CURDIR)/src $(GPU_PYTHON) -m pytest -q -m "requires_cuda or requires_gpus" $(PYTEST_ARGS)
+endif
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests examples benchmarks
@@ -63,8 +68,18 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_startup.py
 
 # One prepared run for a GPU machine (< 8 min): the GPU benchmark, then the GPU tier of tests.
+# On a machine whose python already has a CUDA torch and no package index to install from
+# (a lent GPU box), use that python and this checkout's src/, installing nothing:
+#   make bench-gpu GPU_PYTHON=python3 BENCH_GPU_ARGS="--json $$OUT/gpu.json"
+GPU_PYTHON ?=
+BENCH_GPU_ARGS ?=
+ifeq ($(GPU_PYTHON),)
 bench-gpu: $(VENV)/.installed
-	$(BIN)/python benchmarks/bench_gpu.py
+	$(BIN)/python benchmarks/bench_gpu.py $(BENCH_GPU_ARGS)
+else
+bench-gpu:
+	PYTHONPATH=$(CURDIR)/src $(GPU_PYTHON) benchmarks/bench_gpu.py $(BENCH_GPU_ARGS)
+endif
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
