@@ -1,0 +1,63 @@
+"""How ``gpu-training lint`` reads a call site: the callee's last name and the arguments bound.
+
+Every rule module asks an ``ast.Call`` the same few questions — what is the callee called
+(``torch.utils.data.DataLoader`` → ``DataLoader``), what did it get as ``shuffle``, by keyword
+or by position, where does it start? — so the answers live here once, below
+:mod:`~gpu_training.diagnostics.lint_checks`, :mod:`~gpu_training.diagnostics.lint_ranks` and
+:mod:`~gpu_training.diagnostics.lint_training_loop`, which all import them.
+
+Example:
+    >>> import ast
+    >>> call = ast.parse("DataLoader(ds, 32, True, shuffle=False)", mode="eval").body
+    >>> ast.unparse(call_arg(call, 2, "shuffle"))  # the keyword is read first
+    'False'
+    >>> tail("torch.utils.data.DataLoader"), node_start(call)
+    ('DataLoader', (1, 0))
+"""
+
+from __future__ import annotations
+
+import ast
+
+__all__ = ["call_arg", "is_const", "keyword_arg", "node_start", "tail"]
+
+
+def tail(name: str | None) -> str:
+    """The last part of a dotted name (``""`` for None): ``"torch.save"`` → ``"save"``."""
+    return "" if name is None else name.rsplit(".", 1)[-1]
+
+
+def keyword_arg(call: ast.Call, name: str) -> ast.expr | None:
+    """The value passed as ``name=...`` to ``call`` (None: not passed by keyword)."""
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            return keyword.value
+    return None
+
+
+def call_arg(call: ast.Call, index: int, name: str) -> ast.expr | None:
+    """The value bound to a parameter: by keyword ``name``, else the ``index``-th positional.
+
+    Args:
+        call: The call.
+        index: The parameter's position (0-based) in the callee's signature.
+        name: The parameter's name.
+
+    Returns:
+        The argument expression, or None when not passed (or hidden behind ``*args``).
+    """
+    value = keyword_arg(call, name)
+    if value is None and len(call.args) > index:
+        candidate = call.args[index]
+        value = None if isinstance(candidate, ast.Starred) else candidate
+    return value
+
+
+def is_const(expr: ast.expr | None, value: object) -> bool:
+    """Whether ``expr`` is the literal singleton ``value`` (``True``, ``False``, ``None``)."""
+    return isinstance(expr, ast.Constant) and expr.value is value
+
+
+def node_start(node: ast.AST) -> tuple[int, int]:
+    """Where a node starts: ``(line, col)``, ``col`` 0-based as in :mod:`ast`."""
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
