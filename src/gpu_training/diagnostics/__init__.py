@@ -2,17 +2,23 @@
 
 - :mod:`~gpu_training.diagnostics.lint` — static checks of a training script, one rule per
   pitfall of the guides (``gpu-training lint``); rule texts in
-  :mod:`~gpu_training.diagnostics.lint_rules`. No torch.
+  :mod:`~gpu_training.diagnostics.lint_rules`, what names stand for in
+  :mod:`~gpu_training.diagnostics.lint_model`, the walk in
+  :mod:`~gpu_training.diagnostics.lint_checks` with the rank analysis
+  (:mod:`~gpu_training.diagnostics.lint_ranks`) and the training-loop analysis
+  (:mod:`~gpu_training.diagnostics.lint_training_loop`). No torch.
 - :mod:`~gpu_training.diagnostics.verify` — run a user's model and data on N ranks and prove
   sharding, gradient averaging, accumulation and checkpoint round-trips right
-  (``gpu-training verify``); :func:`assert_grads_in_sync` for a training loop.
+  (``gpu-training verify``); :func:`assert_grads_in_sync` for a training loop. The checks,
+  one function each, are in :mod:`~gpu_training.diagnostics.verify_checks`.
 - :mod:`~gpu_training.diagnostics.verify_launch` — :func:`run_verify`: the same on N ranks
   started with ``torchrun``.
 - :mod:`~gpu_training.diagnostics.doctor` — the environment as a job will see it
   (``gpu-training doctor``); :mod:`~gpu_training.diagnostics.doctor_probe` checks several
   nodes with a tiny ``torchrun`` job.
 - :mod:`~gpu_training.diagnostics.watchdog` — hangs that name the rank: :func:`entry_point`,
-  :func:`enable_debug_mode`, :func:`monitored_barrier`, :class:`StallWatchdog`.
+  :func:`enable_debug_mode`, :func:`monitored_barrier`, :class:`StallWatchdog`; what a stalled
+  rank reports, and how the ranks' reports meet, in :mod:`~gpu_training.diagnostics.stall_report`.
 
 Names resolve lazily (``lint`` and ``doctor`` must not pay for ``import torch``).
 """

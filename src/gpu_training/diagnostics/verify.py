@@ -24,7 +24,9 @@ the whole batch (SyncBatchNorm's business, not DDP's). The checkpoint round-trip
 
 :func:`verify_setup` runs the checks inside an initialised process group (every rank calls
 it); :func:`~gpu_training.diagnostics.verify_launch.run_verify` starts ``torchrun`` for you;
-:func:`assert_grads_in_sync` is the one check to drop into a training loop.
+:func:`assert_grads_in_sync` is the one check to drop into a training loop. This module holds
+those entry points and the report; each check is a function of
+:mod:`~gpu_training.diagnostics.verify_checks`.
 
 Example:
     >>> import torch
@@ -41,11 +43,8 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,13 +52,31 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from gpu_training.ddp import DistributedContext, gradient_sync, move_to_device, unwrap_model
+from gpu_training.ddp import DistributedContext, move_to_device, unwrap_model
+from gpu_training.diagnostics.verify_checks import (
+    AccumulateFn,
+    Batch,
+    CheckResult,
+    LossFn,
+    _diff_from_rank0,
+    _distributed,
+    _wrap,
+    check_accumulation,
+    check_checkpoint,
+    check_grad_sync,
+    check_init,
+    check_params_after_step,
+    check_sampler,
+    default_accumulate,
+)
 
 __all__ = [
     "CHECKS",
     "CheckResult",
     "GradientSyncError",
     "VerifyInputError",
+    "VerifyModels",
+    "VerifyPlan",
     "VerifyReport",
     "assert_grads_in_sync",
     "default_accumulate",
@@ -76,9 +93,6 @@ CHECKS: tuple[str, ...] = (
 )
 """The checks, in the order they run."""
 
-Batch = tuple[Any, Any]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-AccumulateFn = Callable[[nn.Module, Sequence[Batch], LossFn], None]
 SamplerFn = Callable[[Dataset[Any], DistributedContext], Any]
 
 
@@ -88,21 +102,6 @@ class GradientSyncError(AssertionError):
 
 class VerifyInputError(ValueError):
     """The verify setup cannot run: too few samples, a bad sampler, an unknown check."""
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One check's verdict.
-
-    Attributes:
-        name: One of :data:`CHECKS`.
-        passed: The verdict (identical on every rank).
-        detail: The numbers behind it, one line.
-    """
-
-    name: str
-    passed: bool
-    detail: str
 
 
 @dataclass
@@ -160,58 +159,6 @@ class VerifyReport:
         return cls(checks, int(data["world_size"]), data.get("backend"), data.get("setup", ""))
 
 
-# --- cross-rank comparisons ---------------------------------------------------------------
-
-
-def _distributed(ctx: DistributedContext) -> bool:
-    return ctx.is_distributed and dist.is_available() and dist.is_initialized()
-
-
-def _gather(obj: Any, ctx: DistributedContext) -> list[Any]:
-    """Every rank's ``obj``, indexed by rank (``[obj]`` in one process)."""
-    if not _distributed(ctx):
-        return [obj]
-    out: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _diff_from_rank0(
-    named: Sequence[tuple[str, torch.Tensor | None]], ctx: DistributedContext
-) -> list[tuple[float, str]]:
-    """Per rank: the largest ``|t - t_rank0|`` over ``named`` and the name where it is.
-
-    The shapes are compared first (a tensor missing, None or shaped differently on a rank is
-    an infinite difference there); then one broadcast of rank 0's flattened tensors.
-    """
-    layout = [(name, None if t is None else tuple(t.shape)) for name, t in named]
-    layouts = _gather(layout, ctx)
-    if any(other != layouts[0] for other in layouts):
-        out = []
-        for other in layouts:
-            pairs = zip(other, layouts[0], strict=False)  # lengths differ when layouts do
-            where = next((n for (n, a), (_, b) in pairs if a != b), "")
-            if other != layouts[0] and not where:
-                where = "the parameter list"
-            out.append((float("inf"), where) if other != layouts[0] else (0.0, ""))
-        return out
-    tensors = [(n, t) for n, t in named if t is not None and t.numel()]
-    if not tensors or not _distributed(ctx):
-        return [(0.0, "")] * ctx.world_size if _distributed(ctx) else [(0.0, "")]
-    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for _, t in tensors])
-    reference = flat.clone()
-    dist.broadcast(reference, src=0)
-    deltas = (flat - reference).abs()
-    worst, where, offset = 0.0, "", 0
-    for name, tensor in tensors:
-        size = tensor.numel()
-        diff = float(deltas[offset : offset + size].max())
-        if not diff <= worst:  # NaN counts as worse than anything
-            worst, where = diff, name
-        offset += size
-    return _gather((worst, where), ctx)
-
-
 def assert_grads_in_sync(
     model: nn.Module, ctx: DistributedContext, *, atol: float = 0.0, rtol: float = 0.0
 ) -> None:
@@ -249,123 +196,78 @@ def assert_grads_in_sync(
         )
 
 
-# --- data -----------------------------------------------------------------------------------
+# --- the run the checks share -------------------------------------------------------------
 
 
-def _indices(sampler: Any) -> list[int]:
-    out: list[int] = []
-    for item in sampler:
-        if isinstance(item, (list, tuple)):
-            out.extend(int(i) for i in item)
-        else:
-            out.append(int(item))
-    return out
+@dataclass
+class VerifyPlan:
+    """The run every check works on: the data, the loss, the batch layout, the tolerances.
 
+    One permutation of the dataset (:attr:`order`, the same on every rank) is cut into global
+    batches: global batch ``k`` is positions ``k*G .. (k+1)*G``, and rank ``r``'s micro-batch
+    ``a`` of it is the ``(r * accum_steps + a)``-th slice of ``batch_size`` samples.
 
-def _check_sampler(
-    sampler: Any, num_samples: int, ctx: DistributedContext, allowed_tail: int
-) -> CheckResult:
-    if sampler is None:
-        sampler = range(num_samples)  # what a DataLoader without a sampler reads
-    set_epoch = getattr(sampler, "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(0)
-    first = _indices(sampler)
-    if callable(set_epoch):
-        set_epoch(1)
-    second = _indices(sampler)
-    if callable(set_epoch):
-        set_epoch(0)
-    shards = _gather((first, second), ctx)
-    world = ctx.world_size
-    counts = [len(s[0]) for s in shards]
-    everything = [i for s in shards for i in s[0]]
-    unique = set(everything)
-    shared = len(everything) - len(unique)
-    missing = num_samples - len(unique)
-    reshuffled = any(s[0] != s[1] for s in shards)
-    problems = []
-    if shared > world - 1:  # DistributedSampler pads with at most world-1 repeats
-        problems.append(
-            f"shards overlap: {shared} of {len(everything)} samples drawn by more than one "
-            f"rank (use a DistributedSampler, or make_distributed_sampler)"
+    Attributes:
+        dataset: Map-style dataset of ``(inputs, targets)`` pairs, the same on every rank.
+        loss_fn: ``loss_fn(model(inputs), targets)`` → the micro-batch mean loss.
+        ctx: This process's context.
+        device: Where the batches and models go.
+        batch_size: Per-device micro-batch.
+        accum_steps: Micro-batches per optimizer step in the accumulation check.
+        rtol: Relative gradient tolerance (of the largest reference gradient magnitude).
+        atol: Absolute gradient tolerance; also the tolerance for parameters across ranks.
+        seed: Seed for model initialisation and the batch permutation.
+        num_samples: ``len(dataset)``.
+        order: The permutation, drawn from ``seed``.
+    """
+
+    dataset: Dataset[Any]
+    loss_fn: LossFn
+    ctx: DistributedContext
+    device: torch.device
+    batch_size: int
+    accum_steps: int
+    rtol: float
+    atol: float
+    seed: int
+    num_samples: int = field(init=False)
+    order: list[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.num_samples = len(self.dataset)  # type: ignore[arg-type]
+        generator = torch.Generator().manual_seed(self.seed)
+        self.order = torch.randperm(self.num_samples, generator=generator).tolist()
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.batch_size * self.accum_steps * self.ctx.world_size
+
+    @property
+    def allowed_tail(self) -> int:
+        """Samples a sampler may drop at the end of an epoch."""
+        return max(self.global_batch, self.ctx.world_size)
+
+    def describe(self) -> str:
+        """One line for :attr:`VerifyReport.setup`."""
+        ctx = self.ctx
+        return (
+            f"{ctx.world_size} rank(s){f' ({ctx.backend})' if ctx.backend else ''}, micro-batch "
+            f"{self.batch_size} x {self.accum_steps} accumulation = global batch "
+            f"{self.global_batch}, {self.device.type}, fp32, eval mode for the gradient checks"
         )
-    if missing > allowed_tail:
-        problems.append(f"{missing} of {num_samples} samples never drawn by any rank")
-    if len(set(counts)) > 1:
-        problems.append(f"ranks get different numbers of samples {counts}: the last step hangs")
-    if not reshuffled:
-        problems.append("epoch 1 draws the same order as epoch 0 (shuffle, and set_epoch)")
-    if problems:
-        return CheckResult("sampler", False, "; ".join(problems))
-    detail = (
-        f"{world} shard(s) of {counts[0]} samples, disjoint ({shared} padding repeats), "
-        f"{len(unique)} of {num_samples} covered, reshuffled at epoch 1"
-    )
-    return CheckResult("sampler", True, detail)
 
+    def micro_batch(self, step: int, rank: int, index: int) -> Batch:
+        """Rank ``rank``'s micro-batch ``index`` of global batch ``step``, collated, on device."""
+        n = self.num_samples
+        start = (step * self.global_batch + (rank * self.accum_steps + index) * self.batch_size) % n
+        items = [self.dataset[self.order[(start + i) % n]] for i in range(self.batch_size)]
+        inputs, targets = move_to_device(default_collate(items), self.device)
+        return inputs, targets
 
-def _batch(dataset: Dataset[Any], indices: Sequence[int], device: torch.device) -> Batch:
-    items = [dataset[i] for i in indices]
-    inputs, targets = move_to_device(default_collate(items), device)
-    return inputs, targets
-
-
-# --- the checks ---------------------------------------------------------------------------
-
-
-def default_accumulate(model: nn.Module, micro_batches: Sequence[Batch], loss_fn: LossFn) -> None:
-    """The toolkit's accumulation window: ``no_sync`` off the boundary, losses divided by
-    the number of micro-batches (so the window's gradient is the mean over its samples).
-
-    Args:
-        model: The DDP-wrapped model.
-        micro_batches: This rank's ``(inputs, targets)`` micro-batches of one optimizer step.
-        loss_fn: Mean loss over a micro-batch.
-    """
-    steps = len(micro_batches)
-    for i, (inputs, targets) in enumerate(micro_batches):
-        with gradient_sync(model, enabled=i == steps - 1):
-            (loss_fn(model(inputs), targets) / steps).backward()
-
-
-def _grads(model: nn.Module) -> list[tuple[str, torch.Tensor | None]]:
-    return [(n, p.grad) for n, p in unwrap_model(model).named_parameters() if p.requires_grad]
-
-
-def _compare_grads(
-    model: nn.Module, reference: nn.Module, rtol: float, atol: float, ctx: DistributedContext
-) -> tuple[bool, str]:
-    """Whether every rank's gradients match the reference model's; a one-line detail.
-
-    A parameter passes when ``max|g - g_ref| <= atol + rtol * max|g_ref|``.
-    """
-    expected = dict(_grads(reference))
-    largest, failure = 0.0, None
-    for name, grad in _grads(model):
-        ref = expected.get(name)
-        if (grad is None) != (ref is None):
-            failure = failure or (float("inf"), name, 0.0, "has a gradient on one side only")
-            continue
-        if grad is None or ref is None:
-            continue
-        scale = float(ref.detach().abs().max())
-        diff = float((grad.detach().double() - ref.detach().double()).abs().max())
-        largest = max(largest, diff)
-        if not diff <= atol + rtol * scale and (failure is None or diff > failure[0]):
-            failure = (diff, name, scale, "")
-    verdicts = _gather((largest, failure), ctx)
-    for rank, (_, fail) in enumerate(verdicts):
-        if fail is not None:
-            diff, name, scale, why = fail
-            if why:
-                return False, f"rank {rank}: '{name}' {why}"
-            return False, (
-                f"rank {rank}: '{name}' max |Δ| {diff:.3g} vs max |g| {scale:.3g} "
-                f"({diff / max(scale, 1e-30):.2g}x; tolerance {atol:g} + {rtol:g}·max|g|)"
-            )
-    diff = max(v[0] for v in verdicts)
-    return True, f"max |Δ| {diff:.2g} (tolerance {atol:g} + {rtol:g}·max|g|)"
+    def window(self, step: int, rank: int) -> list[Batch]:
+        """Rank ``rank``'s ``accum_steps`` micro-batches of global batch ``step``."""
+        return [self.micro_batch(step, rank, a) for a in range(self.accum_steps)]
 
 
 class _SyncCounter:
@@ -390,29 +292,53 @@ class _SyncCounter:
         return counting_allreduce
 
 
-def _shared_tmpdir(ctx: DistributedContext, given: str | os.PathLike[str] | None) -> Path:
-    if given is not None:
-        return Path(given)
-    path = [tempfile.mkdtemp(prefix="gpu-training-verify-") if ctx.is_main_process else ""]
-    if _distributed(ctx):
-        dist.broadcast_object_list(path, src=0)
-    return Path(path[0])
+@dataclass
+class VerifyModels:
+    """The models the gradient and checkpoint checks share and advance, in :data:`CHECKS` order.
+
+    Attributes:
+        wrapped: The model under test: DDP-wrapped when distributed, else the bare model.
+        reference: A single-process copy of it (never wrapped): the expected gradients.
+        optimizer: AdamW on ``wrapped``'s parameters.
+        counter: Counts the gradient buckets DDP all-reduces.
+        first: This rank's first micro-batch of global batch 0.
+        ddp: Whether ``wrapped`` is DDP (then ``counter`` counts).
+        buckets_per_sync: Buckets in one gradient all-reduce, measured by the ``grad_sync``
+            check for the ``accumulation`` check to count all-reduces in.
+    """
+
+    wrapped: nn.Module
+    reference: nn.Module
+    optimizer: torch.optim.Optimizer
+    counter: _SyncCounter
+    first: Batch
+    ddp: bool
+    buckets_per_sync: int = 1
+
+    @classmethod
+    def build(cls, model: nn.Module, plan: VerifyPlan) -> VerifyModels:
+        """Wrap ``model`` (DDP broadcasts rank 0's weights), copy it, both in ``eval()`` mode.
+
+        Args:
+            model: The freshly built model, on ``plan.device``.
+            plan: The run.
+
+        Returns:
+            The models, with ``first`` read from the dataset.
+        """
+        wrapped = _wrap(model, plan.ctx, plan.device)
+        counter = _SyncCounter()
+        if wrapped is not model:
+            wrapped.register_comm_hook(state=None, hook=counter.hook())  # type: ignore[operator]
+        reference = copy.deepcopy(unwrap_model(wrapped))
+        wrapped.eval()
+        reference.eval()
+        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+        first = plan.micro_batch(0, plan.ctx.rank, 0)
+        return cls(wrapped, reference, optimizer, counter, first, ddp=wrapped is not model)
 
 
-def _wrap(model: nn.Module, ctx: DistributedContext, device: torch.device) -> nn.Module:
-    if not _distributed(ctx):
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
-
-
-def _loss(model: nn.Module, batches: Sequence[Batch], loss_fn: LossFn) -> torch.Tensor:
-    total = torch.zeros((), dtype=torch.float64)
-    for inputs, targets in batches:
-        total += loss_fn(model(inputs), targets).detach().double().cpu()
-    return total / len(batches)
+# --- the checks, in order -----------------------------------------------------------------
 
 
 def verify_setup(
@@ -461,6 +387,37 @@ def verify_setup(
         VerifyInputError: If the dataset is smaller than one global batch, or a batch size
             is not positive.
     """
+    plan = _plan(dataset, loss_fn, ctx, batch_size, accum_steps, rtol, atol, seed, device)
+    report = VerifyReport(world_size=ctx.world_size, backend=ctx.backend, setup=plan.describe())
+    sampler_fn = make_sampler if make_sampler is not None else _global_batch_sampler(plan)
+    sampler = sampler_fn(dataset, ctx)
+    report.checks.append(check_sampler(sampler, plan.num_samples, ctx, plan.allowed_tail))
+
+    torch.manual_seed(seed)
+    model = build_model().to(plan.device)
+    report.checks.append(check_init(model, ctx))
+
+    models = VerifyModels.build(model, plan)
+    report.checks.append(check_grad_sync(plan, models))
+    report.checks.append(check_params_after_step(plan, models))
+    report.checks.append(check_accumulation(plan, models, accumulate or default_accumulate))
+    report.checks.append(check_checkpoint(plan, models, build_model, checkpoint_dir))
+    del models, model  # free DDP's reducer before the group goes
+    return report
+
+
+def _plan(
+    dataset: Dataset[Any],
+    loss_fn: LossFn,
+    ctx: DistributedContext,
+    batch_size: int,
+    accum_steps: int,
+    rtol: float,
+    atol: float,
+    seed: int,
+    device: torch.device | None,
+) -> VerifyPlan:
+    """:func:`verify_setup`'s arguments checked, with the default device filled in."""
     if batch_size < 1 or accum_steps < 1:
         raise VerifyInputError(
             f"batch_size and accum_steps must be >= 1, got {batch_size} and {accum_steps}"
@@ -477,214 +434,16 @@ def verify_setup(
     if device is None:
         cuda = _distributed(ctx) and dist.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if make_sampler is None:
-        from gpu_training.data import GlobalBatchSampler
+    return VerifyPlan(dataset, loss_fn, ctx, device, batch_size, accum_steps, rtol, atol, seed)
 
-        def make_sampler(data: Dataset[Any], c: DistributedContext) -> Any:
-            return GlobalBatchSampler(num_samples, global_batch, batch_size, c, seed=seed)
 
-    accumulate = accumulate or default_accumulate
-    report = VerifyReport(world_size=world, backend=ctx.backend)
-    report.setup = (
-        f"{world} rank(s){f' ({ctx.backend})' if ctx.backend else ''}, micro-batch "
-        f"{batch_size} x {accum_steps} accumulation = global batch {global_batch}, "
-        f"{device.type}, fp32, eval mode for the gradient checks"
-    )
-    tail = max(global_batch, world)  # samples a sampler may drop at the end of an epoch
-    report.checks.append(_check_sampler(make_sampler(dataset, ctx), num_samples, ctx, tail))
+def _global_batch_sampler(plan: VerifyPlan) -> SamplerFn:
+    """The default ``make_sampler``: the Trainer's sampler over ``plan``'s global batches."""
+    from gpu_training.data import GlobalBatchSampler
 
-    # One permutation, the same everywhere: global batch k is positions k*G..(k+1)*G.
-    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed)).tolist()
-
-    def micro(step: int, rank: int, a: int) -> list[int]:
-        start = (step * global_batch + (rank * accum_steps + a) * batch_size) % num_samples
-        return [order[(start + i) % num_samples] for i in range(batch_size)]
-
-    def window(step: int, rank: int) -> list[Batch]:
-        return [_batch(dataset, micro(step, rank, a), device) for a in range(accum_steps)]
-
-    torch.manual_seed(seed)
-    model = build_model().to(device)
-    results = _diff_from_rank0(list(unwrap_model(model).named_parameters()), ctx)
-    bad = [(r, d, n) for r, (d, n) in enumerate(results) if d != 0.0]
-    if bad:
-        rank, diff, name = bad[0]
-        report.checks.append(
-            CheckResult(
-                "init",
-                False,
-                f"rank {rank}'s '{name}' differs from rank 0's by {diff:.3g} as built: seed "
-                "before building the model (DDP hides this by broadcasting rank 0's weights; "
-                "FSDP and ZeRO-3 do not)",
-            )
-        )
-    else:
-        report.checks.append(CheckResult("init", True, f"parameters identical on {world} rank(s)"))
-
-    wrapped = _wrap(model, ctx, device)
-    counter = _SyncCounter()
-    if wrapped is not model:
-        wrapped.register_comm_hook(state=None, hook=counter.hook())  # type: ignore[operator]
-    reference = copy.deepcopy(unwrap_model(wrapped))
-    wrapped.eval()
-    reference.eval()
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-
-    # grad_sync: one micro-batch per rank vs the concatenation on one process.
-    mine = [_batch(dataset, micro(0, ctx.rank, 0), device)]
-    everyone = [_batch(dataset, micro(0, r, 0), device) for r in range(world)]
-    optimizer.zero_grad(set_to_none=True)
-    counter.buckets = 0
-    loss_fn(wrapped(mine[0][0]), mine[0][1]).backward()
-    buckets_per_sync = max(1, counter.buckets)
-    reference.zero_grad(set_to_none=True)
-    inputs = torch.cat([b[0] for b in everyone])
-    targets = torch.cat([b[1] for b in everyone])
-    loss_fn(reference(inputs), targets).backward()
-    ok, detail = _compare_grads(wrapped, reference, rtol, atol, ctx)
-    report.checks.append(
-        CheckResult(
-            "grad_sync",
-            ok,
-            f"DDP gradient vs one process on the {len(inputs)}-sample batch: {detail}"
-            if ok
-            else f"DDP gradient != one process on the {len(inputs)}-sample batch: {detail}",
-        )
-    )
-
-    # params_after_step: a training-mode step (a module that changes parameters in its
-    # forward, from its own batch, shows up here), then the same weights everywhere?
-    optimizer.zero_grad(set_to_none=True)
-    wrapped.train()
-    loss_fn(wrapped(mine[0][0]), mine[0][1]).backward()
-    optimizer.step()
-    wrapped.eval()
-    results = _diff_from_rank0(list(unwrap_model(wrapped).named_parameters()), ctx)
-    rank, (diff, name) = max(enumerate(results), key=lambda item: item[1][0])
-    if diff <= atol:
-        report.checks.append(
-            CheckResult(
-                "params_after_step",
-                True,
-                f"identical on {world} rank(s) after a train-mode AdamW step (max |Δ| {diff:.2g})",
-            )
-        )
-    else:
-        report.checks.append(
-            CheckResult(
-                "params_after_step",
-                False,
-                f"rank {rank}'s '{name}' differs from rank 0's by {diff:.3g} after one step: "
-                "something changes parameters outside DDP's gradient sync",
-            )
+    def make_sampler(data: Dataset[Any], c: DistributedContext) -> Any:
+        return GlobalBatchSampler(
+            plan.num_samples, plan.global_batch, plan.batch_size, c, seed=plan.seed
         )
 
-    # accumulation: the user's window (default: no_sync + 1/A) vs the big batch.
-    reference.load_state_dict(unwrap_model(wrapped).state_dict())
-    optimizer.zero_grad(set_to_none=True)
-    counter.buckets = 0
-    accumulate(wrapped, window(1, ctx.rank), loss_fn)
-    syncs = counter.buckets / buckets_per_sync
-    big = [b for r in range(world) for b in window(1, r)]
-    reference.zero_grad(set_to_none=True)
-    loss_fn(reference(torch.cat([b[0] for b in big])), torch.cat([b[1] for b in big])).backward()
-    ok, detail = _compare_grads(wrapped, reference, rtol, atol, ctx)
-    problems = [] if ok else [f"gradient != the {global_batch}-sample batch's: {detail}"]
-    synced = _gather(syncs, ctx)
-    if wrapped is not model and max(synced) > 1:
-        problems.append(
-            f"gradients all-reduced on {max(synced):g} of {accum_steps} micro-steps: wrap the "
-            "non-final ones in model.no_sync() (gpu_training.ddp.gradient_sync)"
-        )
-    if problems:
-        report.checks.append(CheckResult("accumulation", False, "; ".join(problems)))
-    else:
-        report.checks.append(
-            CheckResult(
-                "accumulation",
-                True,
-                f"{accum_steps} micro-steps = the {global_batch}-sample batch, {detail}; "
-                "one all-reduce per window",
-            )
-        )
-
-    report.checks.append(
-        _check_checkpoint(
-            wrapped,
-            optimizer,
-            build_model,
-            lambda: window(2, ctx.rank),
-            loss_fn,
-            ctx,
-            device,
-            seed,
-            checkpoint_dir,
-        )
-    )
-    del wrapped, model, reference, optimizer  # free DDP's reducer before the group goes
-    return report
-
-
-def _train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batches: Sequence[Batch],
-    loss_fn: LossFn,
-) -> torch.Tensor:
-    loss = _loss(model, batches, loss_fn)
-    optimizer.zero_grad(set_to_none=True)
-    default_accumulate(model, batches, loss_fn)
-    optimizer.step()
-    return loss
-
-
-def _check_checkpoint(
-    wrapped: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    build_model: Callable[[], nn.Module],
-    next_batches: Callable[[], list[Batch]],
-    loss_fn: LossFn,
-    ctx: DistributedContext,
-    device: torch.device,
-    seed: int,
-    checkpoint_dir: str | os.PathLike[str] | None,
-) -> CheckResult:
-    from gpu_training.checkpoint import CheckpointManager
-    from gpu_training.resume import capture_training_state, restore_training_state
-
-    directory = _shared_tmpdir(ctx, checkpoint_dir)
-    try:
-        optimizer.zero_grad(set_to_none=True)
-        ckpt = CheckpointManager(directory, ctx=ctx, keep_last_n=1)
-        ckpt.save(capture_training_state(ctx, wrapped, optimizer, step=1), step=1)
-        batches = next_batches()
-        loss_before = _train_step(wrapped, optimizer, batches, loss_fn)
-        after = {k: v.detach().clone() for k, v in unwrap_model(wrapped).state_dict().items()}
-
-        torch.manual_seed(seed + 7919)  # a different init: only the checkpoint can restore it
-        fresh = _wrap(build_model().to(device), ctx, device)
-        fresh.eval()
-        fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
-        restore_training_state(ckpt.load(map_location=device), ctx, fresh, fresh_opt)
-        loss_after = _train_step(fresh, fresh_opt, batches, loss_fn)
-        resumed = unwrap_model(fresh).state_dict()
-        differs = [k for k, v in after.items() if not torch.equal(v, resumed[k])]
-        del fresh, fresh_opt
-    finally:
-        if checkpoint_dir is None:
-            ctx.barrier()
-            if ctx.is_main_process:
-                shutil.rmtree(directory, ignore_errors=True)
-    verdicts = _gather((float(loss_before), float(loss_after), differs[:3]), ctx)
-    for rank, (before, again, keys) in enumerate(verdicts):
-        if before != again or keys:
-            what = f"loss {before!r} before vs {again!r} after the round-trip"
-            if keys:
-                what += f"; weights differ after the step in {keys}"
-            return CheckResult("checkpoint", False, f"rank {rank}: {what}")
-    return CheckResult(
-        "checkpoint",
-        True,
-        f"save, load into a fresh model: next step's loss {verdicts[0][0]:.6f} identical "
-        "bit for bit, weights after it equal",
-    )
+    return make_sampler

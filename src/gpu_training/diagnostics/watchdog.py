@@ -17,7 +17,8 @@ forever in their next collective), or the ranks called different collectives. Th
   it dumps this process's Python stacks (faulthandler) to the log, compares notes with the
   other ranks through the job's rendezvous store (which rank is busy in its own code, which
   are waiting in which collective), prints a verdict naming the stalled rank(s), writes it as
-  torchrun's error record and exits with :data:`EXIT_STALLED`.
+  torchrun's error record and exits with :data:`EXIT_STALLED`. What each rank notes and how
+  the verdict is reached: :mod:`~gpu_training.diagnostics.stall_report`.
 
 Example:
     >>> import time
@@ -36,17 +37,28 @@ import contextlib
 import faulthandler
 import functools
 import io
-import json
 import os
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field
 from datetime import timedelta
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, TextIO, TypeVar
+
+from gpu_training.diagnostics.stall_report import (
+    StallReport,
+    _collect,
+    _frame_state,
+    _publish,
+    _record_error,
+    _verdict,
+)
+
+# Kept importable from here, where they lived before stall_report.py was split out.
+from gpu_training.diagnostics.stall_report import _location as _location
+from gpu_training.diagnostics.stall_report import _torch_part as _torch_part
 
 __all__ = [
     "DEBUG_ENV",
@@ -253,121 +265,6 @@ def entry_point(fn: _F) -> _F:
 # --- the stall watchdog -----------------------------------------------------------------------
 
 
-@dataclass
-class StallReport:
-    """What the watchdog found when it fired.
-
-    Attributes:
-        rank: The rank that wrote this report.
-        stalled_for: Seconds since this rank's last tick.
-        last_step: The step of the last tick (None: never ticked).
-        states: Rank → ``{"state": "busy" | "collective" | "backward" | "missing", "where":
-            ..., "op": ..., "step": ...}`` as the ranks reported them.
-        culprits: The ranks judged stalled: busy in their own code, or silent.
-        message: The verdict, one paragraph.
-    """
-
-    rank: int
-    stalled_for: float
-    last_step: int | None
-    states: dict[int, dict[str, Any]] = field(default_factory=dict)
-    culprits: list[int] = field(default_factory=list)
-    message: str = ""
-
-
-def _location(frame: FrameType) -> str:
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-
-
-def _torch_part(path: str) -> str | None:
-    """``"distributed"``, ``"autograd"`` or ``"other"`` for a file of torch, else None."""
-    marker = f"{os.sep}torch{os.sep}"
-    if marker not in path:
-        return None
-    rest = path.split(marker, 1)[1]
-    if rest.startswith("distributed") and f"{os.sep}elastic{os.sep}" not in rest:
-        return "distributed"
-    return "autograd" if rest.startswith("autograd") else "other"
-
-
-def _frame_state(frame: FrameType | None) -> dict[str, Any]:
-    """Classify a stack: waiting in a collective, in backward, or busy in the program's code.
-
-    Only the innermost frames count: a thread blocked in ``all_reduce`` has torch's
-    collective frames on top of its stack; one stuck in the program (a loop, a sleep, a data
-    loader) has the program's frames (or other torch code) there.
-    """
-    frames: list[FrameType] = []
-    while frame is not None:
-        frames.append(frame)  # innermost first
-        frame = frame.f_back
-    run = 0
-    while run < len(frames) and _torch_part(frames[run].f_code.co_filename) is not None:
-        run += 1
-    parts = [_torch_part(f.f_code.co_filename) for f in frames[:run]]
-    caller = frames[run] if run < len(frames) else (frames[-1] if frames else None)
-    if "distributed" in parts:
-        api = [
-            f
-            for f, part in zip(frames[:run], parts, strict=True)
-            if part == "distributed" and f.f_code.co_name != "wrapper"
-        ]
-        op = api[-1].f_code.co_name if api else "a collective"
-        return {"state": "collective", "op": op, "where": _location(caller) if caller else "?"}
-    if "autograd" in parts:
-        where = _location(caller) if caller else "?"
-        return {"state": "backward", "op": "backward (DDP gradient all-reduce)", "where": where}
-    mine = next(
-        (
-            f
-            for f in frames
-            if _torch_part(f.f_code.co_filename) is None and f.f_code.co_filename != __file__
-        ),
-        frames[0] if frames else None,
-    )
-    return {"state": "busy", "op": "", "where": _location(mine) if mine else "?"}
-
-
-def _verdict(
-    states: Mapping[int, Mapping[str, Any]], world: int, timeout: float
-) -> tuple[list[int], str]:
-    busy = sorted(r for r, s in states.items() if s["state"] == "busy")
-    missing = sorted(set(range(world)) - set(states))
-    waiting = sorted(r for r, s in states.items() if s["state"] in ("collective", "backward"))
-
-    def waits(ranks: list[int]) -> str:
-        return "; ".join(
-            f"rank {r} waiting in {states[r]['op']} at {states[r]['where']}" for r in ranks
-        )
-
-    culprits = busy + missing
-    parts = []
-    if busy:
-        parts.append(
-            "; ".join(f"rank {r} stalled at {states[r]['where']}" for r in busy)
-            + f" (no step progress for {timeout:g}s, not in a collective)"
-        )
-    if missing:
-        parts.append(
-            f"rank(s) {missing} did not answer (stuck in native code holding the GIL, or dead)"
-        )
-    if culprits and waiting:
-        parts.append(f"the others wait for it: {waits(waiting)}")
-    if not culprits:
-        ops = {states[r]["op"] for r in waiting}
-        if len(ops) > 1:
-            parts.append(
-                "every rank is waiting, in different collectives (the ranks called different "
-                f"operations): {waits(waiting)}"
-            )
-        else:
-            parts.append(
-                f"every rank is waiting in {ops.pop() if ops else '?'}: a rank that skipped "
-                f"it earlier, or the network (NCCL_DEBUG=INFO): {waits(waiting)}"
-            )
-    return culprits, "; ".join(parts)
-
-
 class StallWatchdog:
     """Ends a run that makes no step progress for ``timeout`` seconds, naming the stalled rank.
 
@@ -513,7 +410,7 @@ class StallWatchdog:
     def _fire(self, idle: float) -> None:
         rank, world = self._context()
         frame = sys._current_frames().get(self._watched or 0)
-        state = {**_frame_state(frame), "step": self._step}
+        state = {**_frame_state(frame, skip_file=__file__), "step": self._step}
         store = _store()
         key = f"{_STORE_PREFIX}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         _publish(store, f"{key}/rank{rank}", state)
@@ -582,57 +479,8 @@ def _store() -> Any:
         return None
 
 
-def _publish(store: Any, key: str, state: Mapping[str, Any]) -> None:
-    if store is None:
-        return
-    with contextlib.suppress(Exception):  # a store that is gone: the report stays local
-        store.set(key, json.dumps(state))
-
-
-def _collect(store: Any, key: str, world: int, grace: float) -> dict[int, dict[str, Any]]:
-    """The notes of every rank that published within ``grace`` seconds."""
-    deadline = time.monotonic() + grace
-    found: dict[int, dict[str, Any]] = {}
-    while True:
-        for rank in range(world):
-            if rank in found:
-                continue
-            name = f"{key}/rank{rank}"
-            try:
-                if store.check([name]):
-                    found[rank] = json.loads(store.get(name))
-            except Exception:
-                continue
-        if len(found) == world or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
-
-
-def _record_error(report: StallReport, *, first: bool) -> None:
-    """Write the verdict as torchrun's error record of this rank (``TORCHELASTIC_ERROR_FILE``)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    stack = report.states.get(report.rank, {}).get("where", "?")
-    data = {
-        "message": {
-            "message": f"StallError: {report.message}",
-            "extraInfo": {
-                "py_callstack": f"StallError (watchdog) on rank {report.rank} at {stack}\n"
-                f"{report.message}\n",
-                # torchrun's root cause is the earliest record: stalled ranks go first.
-                "timestamp": str(int(time.time()) + (0 if first else 1)),
-            },
-        }
-    }
-    try:
-        with open(path, "w") as handle:
-            json.dump(data, handle)
-    except OSError:
-        pass
-
-
 def _flush_all() -> None:
+    """Flush stdout and stderr before ``os._exit``, which skips Python's own flushing."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
