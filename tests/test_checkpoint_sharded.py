@@ -206,6 +206,7 @@ def _failure_worker(root: str) -> dict[str, Any]:
     """2 ranks: failures on one rank, at each phase, must surface on both, cleanly."""
     import torch.distributed.checkpoint as dcp
 
+    import gpu_training.checkpoint.collective as collective
     import gpu_training.checkpoint.sharded as sharded
     from gpu_training.ddp import cleanup_distributed, init_distributed
 
@@ -274,16 +275,16 @@ def _failure_worker(root: str) -> dict[str, Any]:
         sharded.set_state_dict = real_set
 
         # 5) the ranks do not see the same files (a directory that is not shared)
-        real_own = sharded._own_files
+        real_own = collective._own_files
 
         def unshared(tmp: Path, ctx_: Any) -> list[dict[str, Any]]:
             fake = {"name": "__1_9.distcp", "size": 1, "checksum": "crc32:00000000"}
             return [*real_own(tmp, ctx_), fake]  # a file only rank 1 would see
 
         if ctx.rank == 1:
-            sharded._own_files = unshared
+            collective._own_files = unshared
         out["unshared"] = _expect_error(ckpt.save_sharded, model, opt, 6)
-        sharded._own_files = real_own
+        collective._own_files = real_own
 
         # and the manager still works afterwards: a new save commits and prunes step 1
         ckpt.save_sharded(model, opt, 5)

@@ -12,6 +12,10 @@
   import time). Sharded checkpoints are trusted input only.
 - :mod:`~gpu_training.checkpoint.zero` — DeepSpeed engine checkpoints
   (``CheckpointManager.save_deepspeed`` / ``load_deepspeed``) committed the same way.
+- :mod:`~gpu_training.checkpoint.collective` — that shared protocol for checkpoints every rank
+  writes into (one locked temporary directory, rank 0 commits the manifest, an error on any
+  rank reaches all); :mod:`~gpu_training.checkpoint.dcp_read` — the restrictive reading of
+  DCP's pickled metadata and values.
 - :mod:`~gpu_training.checkpoint.offline` — read-only :func:`find_checkpoint`,
   :func:`read_manifest`, :func:`verify_checkpoints` for any checkpoint directory, and
   :func:`consolidate` into one ``.safetensors`` / ``.pt`` file for an unwrapped model.

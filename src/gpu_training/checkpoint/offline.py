@@ -205,7 +205,7 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> dict[Path, list[str]]:
 def _full_state(step_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """``{"model_state", "optimizer_state"?, "extra"?}`` from a sharded or plain checkpoint."""
     if state_format(manifest) == SHARDED_FORMAT:
-        from gpu_training.checkpoint.sharded import load_everything  # imports DCP: ~1 s
+        from gpu_training.checkpoint.dcp_read import load_everything  # imports DCP: ~1 s
 
         loaded = load_everything(step_dir)
         out: dict[str, Any] = {"model_state": loaded.get("model")}

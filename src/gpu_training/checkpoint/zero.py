@@ -3,7 +3,7 @@
 DeepSpeed writes its own files — ``mp_rank_00_model_states.pt`` (or one model shard per rank
 under ZeRO-3) and one ``[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per rank — with
 ``engine.save_checkpoint``. Here they are written into the toolkit's temporary step directory
-and committed like a sharded checkpoint (:func:`~gpu_training.checkpoint.sharded.save_directory`):
+and committed like a sharded checkpoint (:func:`.collective.save_directory`):
 every rank checksums its own files, rank 0 writes ``manifest.json`` last
 (``"state_format": "deepspeed"``) and renames ``step-XXXXXXXX/`` into place, so a DeepSpeed
 run killed mid-save resumes from the previous complete checkpoint, as any other run does.
@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpu_training.checkpoint.files import DEEPSPEED_FORMAT, EXTRA_NAME, CheckpointError
-from gpu_training.checkpoint.offline import load_plain
-from gpu_training.checkpoint.sharded import (
+from gpu_training.checkpoint.collective import (
     _Attempt,
     _distributed,
     _settle,
     choose_verified,
     save_directory,
 )
+from gpu_training.checkpoint.files import DEEPSPEED_FORMAT, EXTRA_NAME, CheckpointError
+from gpu_training.checkpoint.offline import load_plain
 
 if TYPE_CHECKING:
     from gpu_training.checkpoint.manager import CheckpointManager

@@ -1,0 +1,177 @@
+"""Reading ``torch.distributed.checkpoint`` (DCP) directories without trusting their pickles.
+
+DCP stores its index, ``.metadata``, as a pickle and unpickles non-tensor values (optimizer
+hyper-parameters...) with ``weights_only=False``. Everything that touches those bytes is
+here, in one place to audit: the allowlisting unpickler for ``.metadata``, a
+``FileSystemReader`` that uses it, a load planner that checks every non-tensor value with
+``torch.load(weights_only=True)`` before DCP unpickles it, and :func:`load_everything`, the
+whole-checkpoint read that offline consolidation uses (no process group, no model). It is a
+module of its own because it is the trust boundary of sharded checkpoints: both the
+every-rank load (:func:`~gpu_training.checkpoint.sharded.load_sharded`) and the offline one
+(:func:`~gpu_training.checkpoint.offline.consolidate`) go through it.
+
+DCP's file format was not designed for hostile input, so these checks narrow the risk, they
+do not remove it: **treat sharded checkpoint directories as trusted input only**.
+
+Example:
+    >>> import pickle, tempfile, warnings
+    >>> import torch
+    >>> import torch.distributed.checkpoint as dcp
+    >>> step_dir = Path(tempfile.mkdtemp())
+    >>> with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+    ...     warnings.simplefilter("ignore")
+    ...     _ = dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=step_dir)
+    >>> load_everything(step_dir)["model"]["w"].tolist()
+    [1.0, 1.0]
+    >>> _ = (step_dir / ".metadata").write_bytes(pickle.dumps(print))  # not DCP's metadata
+    >>> try:
+    ...     load_everything(step_dir)
+    ... except CheckpointError as exc:
+    ...     print(exc)
+    refused to read .../.metadata: UnpicklingError: builtins.print is not a DCP metadata type; ...
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+from gpu_training.checkpoint.collective import _CAUGHT, _describe
+from gpu_training.checkpoint.files import CheckpointError
+
+__all__ = ["load_everything"]
+
+_DCP_METADATA = ".metadata"
+
+
+def _metadata_globals() -> dict[tuple[str, str], Any]:
+    import pathlib
+
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+    import torch.distributed.checkpoint.metadata as dcp_md
+
+    allowed: dict[tuple[str, str], Any] = {
+        ("torch", "Size"): torch.Size,
+        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): dcp_fs._StorageInfo,
+        ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+    }
+    for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"):
+        allowed[("pathlib", name)] = getattr(pathlib, name)
+    for name, value in vars(dcp_md).items():
+        if isinstance(value, type) and value.__module__ == dcp_md.__name__:
+            allowed[(dcp_md.__name__, name)] = value
+    for name in dir(torch):
+        value = getattr(torch, name, None)
+        if isinstance(value, torch.dtype):
+            allowed[("torch", name)] = value
+    return allowed
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes, torch sizes and dtypes; refuses every other global."""
+
+    _allowed: dict[tuple[str, str], Any] | None = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        if _MetadataUnpickler._allowed is None:
+            _MetadataUnpickler._allowed = _metadata_globals()
+        found = _MetadataUnpickler._allowed.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(
+                f"{module}.{name} is not a DCP metadata type; refusing to unpickle it"
+            )
+        return found
+
+
+def _read_metadata(path: Path) -> Metadata:
+    """Reads a DCP ``.metadata`` file with :class:`_MetadataUnpickler`."""
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (not a DCP checkpoint)") from None
+    except Exception as exc:
+        raise CheckpointError(f"refused to read {path}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+class _SafeReader(FileSystemReader):
+    """A ``FileSystemReader`` whose metadata goes through :func:`_read_metadata`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        name = _DCP_METADATA if rank is None else f"__{rank}{_DCP_METADATA}"
+        metadata = _read_metadata(Path(self.path) / name)
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id  # what FileSystemReader.read_metadata does too
+        metadata.storage_meta = storage_meta
+        return metadata
+
+
+def _check_bytes(read_item: ReadItem, value: io.BytesIO) -> None:
+    """Refuses a non-tensor value that ``torch.load(weights_only=True)`` would not build.
+
+    DCP unpickles non-tensor values (optimizer hyper-parameters...) with
+    ``weights_only=False``, so this check runs first, on the same bytes.
+    """
+    try:
+        torch.load(value, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:400]
+        raise CheckpointError(
+            f"refused to load {read_item.dest_index.fqn!r}: not a plain value "
+            f"(torch.load weights_only=True says: {reason})"
+        ) from exc
+    value.seek(0)
+
+
+class _SafeLoadPlanner(DefaultLoadPlanner):
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        _check_bytes(read_item, value)
+        super().load_bytes(read_item, value)
+
+
+def load_everything(path: Path) -> dict[str, Any]:
+    """Loads a whole sharded checkpoint into this process: no process group, no model.
+
+    Used by :func:`~gpu_training.checkpoint.offline.consolidate`; needs the whole state
+    in CPU memory. Trusted input only (see the module docstring).
+
+    Args:
+        path: A sharded step directory (verify it against its manifest first).
+
+    Returns:
+        ``{"model": {...}, "optim": {...}}`` as saved, full tensors on the CPU.
+
+    Raises:
+        CheckpointError: If the metadata or a value is refused or a file cannot be read.
+    """
+    # dcp.load keeps only the caller's top-level keys, so an empty template would come back
+    # empty: this is the private path torch's own dcp_to_torch_save takes.
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            _check_bytes(read_item, value)
+            super().load_bytes(read_item, value)
+
+    _read_metadata(path / _DCP_METADATA)  # a clear error before DCP's own fallbacks
+    state: dict[str, Any] = {}
+    try:
+        _load_state_dict(
+            state, storage_reader=_SafeReader(path), planner=_SafeEmptyPlanner(), no_dist=True
+        )
+    except _CAUGHT as exc:
+        raise CheckpointError(f"could not read {path}: {_describe(exc)}") from exc
+    return state
