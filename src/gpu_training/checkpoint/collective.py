@@ -60,7 +60,7 @@ from gpu_training.checkpoint.files import (
     SHARDED_FORMAT,
     CheckpointError,
     _check_step,
-    _checksum_mismatch,
+    _entry_problem,
     _file_checksum,
     _fsync_dir,
     _inspect,
@@ -373,22 +373,10 @@ def _verify_shared(ctx: DistributedContext, path: Path, manifest: dict[str, Any]
     """Checksums ``path``'s files, each rank a share of them; every rank gets all problems."""
     problems: list[str] = []
     with _Attempt() as check:
-        for i, entry in enumerate(manifest["files"]):
-            if i % ctx.world_size != ctx.rank:
-                continue
-            file = path / entry["name"]
-            try:
-                size = file.stat().st_size
-            except OSError:
-                problems.append(f"{file}: listed in the manifest but missing")
-                continue
-            if size != entry["size"]:
-                problems.append(f"{file}: {size} bytes, the manifest says {entry['size']}")
-            elif _checksum_mismatch(file, entry["checksum"]):
-                problems.append(
-                    f"{file}: checksum mismatch, the manifest says {entry['checksum']} "
-                    "(the file is corrupted)"
-                )
+        for entry in manifest["files"][ctx.rank :: ctx.world_size]:
+            problem = _entry_problem(path, entry, checksums=True)
+            if problem is not None:
+                problems.append(problem)
     every = _settle(ctx, check, f"could not verify {path}", problems)
     return [p for rank_problems in every for p in rank_problems]
 

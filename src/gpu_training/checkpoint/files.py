@@ -16,7 +16,7 @@ import re
 import secrets
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -320,20 +320,24 @@ def _inspect(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, lis
     if problems:
         return None, problems
     for entry in manifest["files"]:
-        file = path / entry["name"]
-        try:
-            size = file.stat().st_size
-        except OSError:
-            problems.append(f"{file}: listed in the manifest but missing")
-            continue
-        if size != entry["size"]:
-            problems.append(
-                f"{file}: {size} bytes, the manifest says {entry['size']} "
-                "(truncated or overwritten)"
-            )
-        elif checksums and _checksum_mismatch(file, entry["checksum"]):
-            problems.append(
-                f"{file}: checksum mismatch, the manifest says "
-                f"{entry['checksum']} (the file is corrupted)"
-            )
+        problem = _entry_problem(path, entry, checksums=checksums)
+        if problem is not None:
+            problems.append(problem)
     return manifest, problems
+
+
+def _entry_problem(path: Path, entry: Mapping[str, Any], *, checksums: bool) -> str | None:
+    """What is wrong with one manifest entry's file in ``path`` (None: size and checksum match)."""
+    file = path / entry["name"]
+    try:
+        size = file.stat().st_size
+    except OSError:
+        return f"{file}: listed in the manifest but missing"
+    if size != entry["size"]:
+        return f"{file}: {size} bytes, the manifest says {entry['size']} (truncated or overwritten)"
+    if checksums and _checksum_mismatch(file, entry["checksum"]):
+        return (
+            f"{file}: checksum mismatch, the manifest says {entry['checksum']} "
+            "(the file is corrupted)"
+        )
+    return None
