@@ -119,8 +119,9 @@ def test_round_trip_and_file_loading(tmp_path: Path) -> None:
     as_yaml.write_text("per_device_batch_size: 16\nworld_size: 2\nprecision: bf16\nmax_steps: 9\n")
     assert load_config(as_yaml) == cfg
     empty = tmp_path / "empty.yaml"
-    empty.write_text("")
-    assert load_config(empty) == TrainingConfig()
+    empty.write_text("# nothing but a comment\n")
+    with pytest.raises(ConfigError, match=r"empty.yaml: the config file is empty"):
+        load_config(empty)  # every field at its default is never what an empty file meant
 
 
 @pytest.mark.parametrize(

@@ -456,6 +456,8 @@ def load_config(
     """
     data = read_config_file(path)
     source = str(Path(path))
+    if not data:  # every field at its default is never what an empty file meant
+        raise ConfigError(f"{source}: the config file is empty; expected TrainingConfig fields")
     if overrides:
         data.update(overrides)
         source += " (with --set)"

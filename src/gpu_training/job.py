@@ -239,22 +239,46 @@ class JobConfig:
             "run": dataclasses.asdict(self.run),
         }
 
-    def config_hash(self) -> str:
-        """A short hash of the math-relevant settings (task, training, strategy).
+    def math_settings(self) -> dict[str, Any]:
+        """The settings that define the run's math: task, task options, training, strategy.
 
-        Stored in each checkpoint's manifest; resuming with a different hash warns.
+        Not the world size, nor (when a global batch is set) the per-device batch and the
+        accumulation: the global batch defines the job, however it is split (promise 1).
         """
-        relevant = self.to_dict()
-        training = dict(relevant["training"])
-        # The world size and its derived accumulation may change between runs: the global
-        # batch is what defines the job.
-        training.pop("world_size", None)
-        if training.get("global_batch_size") is not None:
-            training.pop("gradient_accumulation_steps", None)
-        payload = {k: relevant[k] for k in ("task", "task_options", "strategy")}
-        payload["training"] = training
-        text = json.dumps(payload, sort_keys=True, default=str)
+        return _math_settings(self.to_dict())
+
+    def config_hash(self) -> str:
+        """A short hash of :meth:`math_settings`.
+
+        Stored in each checkpoint's manifest (with the settings themselves): resuming with
+        another hash names the fields that changed and needs ``--allow-config-change``.
+        """
+        text = json.dumps(self.math_settings(), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def changes_since(self, saved: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+        """How this job differs from ``saved`` (a checkpoint's recorded ``to_dict()``).
+
+        Args:
+            saved: The job settings a checkpoint recorded.
+
+        Returns:
+            ``(math, other)``: lines ``"section.field: old -> new"``, first those of
+            :meth:`math_settings` (they change what the run computes), then the rest
+            (logging cadence, output paths...: they do not).
+
+        Example:
+            >>> old = JobConfig.from_dict({"training": {"learning_rate": 1e-3}})
+            >>> new = JobConfig.from_dict({"training": {"learning_rate": 2e-3},
+            ...                            "run": {"log_every": 5}})
+            >>> new.changes_since(old.to_dict())
+            (['training.learning_rate: 0.001 -> 0.002'], ['run.log_every: 10 -> 5'])
+        """
+        now = json.loads(json.dumps(self.to_dict(), default=str))  # tuples as lists, as saved
+        math_now, math_then = _flat(self.math_settings()), _flat(_math_settings(saved))
+        rest_now = {k: v for k, v in _flat(now).items() if k not in _flat_keys_of_math(now)}
+        rest_then = {k: v for k, v in _flat(saved).items() if k not in _flat_keys_of_math(saved)}
+        return _diff(math_then, math_now), _diff(rest_then, rest_now)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> JobConfig:
@@ -300,6 +324,49 @@ class JobConfig:
         return cls(task=task, training=training, **sections)
 
 
+def _math_settings(job: Mapping[str, Any]) -> dict[str, Any]:
+    training = dict(job.get("training") or {})
+    training.pop("world_size", None)
+    if training.get("global_batch_size") is not None:  # any split of it: the same math
+        training.pop("gradient_accumulation_steps", None)
+        training.pop("per_device_batch_size", None)
+    payload = {k: job.get(k) for k in ("task", "task_options", "strategy")}
+    payload["training"] = training
+    return payload
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{name}."))  # an empty section adds no keys
+        else:
+            out[name] = value
+    return out
+
+
+def _flat_keys_of_math(job: Mapping[str, Any]) -> set[str]:
+    keys = set(_flat(_math_settings(job)))
+    training = job.get("training") or {}
+    # the rank count is not the math; neither is the accumulation it implies
+    keys |= {"training.world_size"}
+    if training.get("global_batch_size") is not None:
+        keys |= {"training.gradient_accumulation_steps", "training.per_device_batch_size"}
+    return keys
+
+
+def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    missing = object()
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key, missing), new.get(key, missing)
+        if before != after:
+            show = [("(unset)" if v is missing else json.dumps(v, default=str)) for v in (before, after)]
+            lines.append(f"{key}: {show[0]} -> {show[1]}")
+    return lines
+
+
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = data
@@ -325,6 +392,11 @@ def load_job(
         ConfigError: For an unreadable file or any invalid field; the message names the file.
     """
     data = read_config_file(path)
+    if not data:  # an empty file would otherwise train the default job without a word
+        raise ConfigError(
+            f"{Path(path)}: the job file is empty; give at least a 'training' section "
+            "(see configs/ddp_config.yaml)"
+        )
     strategy = data.get("strategy")
     if isinstance(strategy, dict) and isinstance(strategy.get("deepspeed_config"), str):
         ds = Path(strategy["deepspeed_config"])

@@ -1,7 +1,8 @@
 """What a run tells its user: console lines, a metrics file, TensorBoard, and a loss plot.
 
 Only rank 0 reports. :class:`MetricsWriter` appends one JSON object per event to
-``metrics.jsonl`` (so a resumed run continues the same file), mirrors scalars to TensorBoard
+``metrics.jsonl`` (a resumed run continues the same file, first cutting it back to the step
+it resumed from, so every step appears once), mirrors scalars to TensorBoard
 when the ``tensorboard`` extra is installed, and :func:`plot_metrics` draws loss and
 throughput curves to a PNG with the ``plot`` extra.
 
@@ -30,14 +31,26 @@ __all__ = ["MetricsWriter", "plot_metrics", "read_metrics"]
 class MetricsWriter:
     """Append-only metrics on rank 0: ``metrics.jsonl`` plus optional TensorBoard events.
 
+    A run that crashed after its last checkpoint had logged steps it will train again. With
+    ``resume_step`` the file is first cut back to the records of steps ``<= resume_step``
+    (rewritten atomically) and TensorBoard hides its later events (``purge_step``), so every
+    step appears once, whatever the number of restarts.
+
     Args:
         output_dir: Where ``metrics.jsonl`` (and ``tensorboard/``) go; created if missing.
         tensorboard: Also write TensorBoard scalars when the package is importable.
         enabled: False on ranks other than 0: every method is then a no-op.
+        resume_step: The step the run continues from (0 for a fresh start), or None to
+            append to the file as it is.
     """
 
     def __init__(
-        self, output_dir: str | os.PathLike[str], *, tensorboard: bool = True, enabled: bool = True
+        self,
+        output_dir: str | os.PathLike[str],
+        *,
+        tensorboard: bool = True,
+        enabled: bool = True,
+        resume_step: int | None = None,
     ) -> None:
         self.enabled = enabled
         self.path = Path(output_dir) / "metrics.jsonl"
@@ -45,6 +58,8 @@ class MetricsWriter:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            _truncate_after(self.path, resume_step)
         self._file = self.path.open("a", encoding="utf-8")
         if tensorboard:
             try:
@@ -52,7 +67,10 @@ class MetricsWriter:
             except ImportError:  # the tensorboard extra is not installed
                 self._tb = None
             else:
-                self._tb = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+                self._tb = SummaryWriter(
+                    log_dir=str(Path(output_dir) / "tensorboard"),
+                    purge_step=None if resume_step is None else resume_step + 1,
+                )
 
     @property
     def tensorboard_dir(self) -> Path | None:
@@ -90,6 +108,31 @@ class MetricsWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keeps the records of steps ``<= step`` (and drops a torn last line); atomic."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("step"), int)
+            and record["step"] <= step
+        ):
+            kept.append(line)
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

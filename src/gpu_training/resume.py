@@ -22,16 +22,25 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from gpu_training.amp import MixedPrecisionTrainer
+from gpu_training.config import ConfigError
 from gpu_training.ddp import DistributedContext, unwrap_model
+from gpu_training.job import JobConfig
 from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
 
-__all__ = ["StatefulSampler", "capture_training_state", "restore_training_state"]
+__all__ = [
+    "ResumeError",
+    "StatefulSampler",
+    "capture_training_state",
+    "check_resumable",
+    "restore_training_state",
+]
 
 
 class StatefulSampler(Protocol):
@@ -131,3 +140,80 @@ def restore_training_state(
         if rng_states:  # shared-purpose generators (data loaders) continue from rank 0's
             restore_rng_state(rng_states[0], generators, global_state=False)
     return step
+
+
+# ----------------------------------------------------------------------------------------------
+# may this job resume from that checkpoint?
+
+
+class ResumeError(ConfigError):
+    """The job cannot resume from its checkpoint directory as it stands: bad input, one line.
+
+    Raised before anything is loaded or overwritten (damaged checkpoints in the way, another
+    checkpoint format, changed settings without ``allow_config_change``), or when a load is
+    refused (a model of another shape, a file outside the allow-list).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "checkpoint.dir")
+
+
+_FORMAT_NAMES = {"dcp": "sharded (FSDP/DCP)", "deepspeed": "DeepSpeed", "torch": "plain"}
+
+
+def check_resumable(
+    job: JobConfig,
+    step_dir: Path,
+    manifest: Mapping[str, Any],
+    *,
+    allow_config_change: bool = False,
+) -> list[str]:
+    """Whether ``job`` may continue from the checkpoint ``step_dir``; returns warnings.
+
+    The checkpoint must be of the format the job's strategy resumes, and its recorded job
+    settings must match on every field that changes the math (:meth:`JobConfig.math_settings`),
+    unless ``allow_config_change``; fields that cannot change the math (logging cadence,
+    output paths) only warn.
+
+    Args:
+        job: The job about to run.
+        step_dir: The checkpoint it would resume from.
+        manifest: Its parsed manifest.
+        allow_config_change: Resume even though math-relevant settings changed.
+
+    Returns:
+        One line per change that is allowed, to print as a warning.
+
+    Raises:
+        ResumeError: Naming the fields that changed and ``--allow-config-change``, or the
+            format mismatch.
+    """
+    found = str(manifest.get("state_format", "torch"))
+    expected = job.strategy.checkpoint_format
+    if found != expected:
+        raise ResumeError(
+            f"{step_dir} is a {_FORMAT_NAMES.get(found, found)} checkpoint and strategy "
+            f"'{job.strategy.name}' resumes {_FORMAT_NAMES.get(expected, expected)} ones: "
+            "use the strategy it was written with, or another checkpoint.dir for a new run "
+            "(gpu-training ckpt consolidate turns it into plain weights)"
+        )
+    saved = manifest.get("config")
+    if isinstance(saved, Mapping):
+        math, other = job.changes_since(saved)
+    else:  # written before manifests recorded the settings: only the hash can tell
+        same = manifest.get("config_hash") in (None, job.config_hash())
+        math, other = ([] if same else ["fields unknown: the manifest records only a hash"]), []
+    warnings = [
+        f"{step_dir.name} was written with {line} (does not change the math)" for line in other
+    ]
+    if not math:
+        return warnings
+    listed = "; ".join(math)
+    if not allow_config_change:
+        raise ResumeError(
+            f"the job's settings differ from those {step_dir} was written with: {listed}; "
+            "resuming would change the run's math midway: restore them, or pass "
+            "--allow-config-change (allow_config_change=True) to resume anyway, or use another "
+            "checkpoint.dir for a new run"
+        )
+    return [*warnings, f"resuming {step_dir.name} with changed settings: {listed}"]

@@ -39,8 +39,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from gpu_training.amp import MixedPrecisionTrainer, resolve_precision
-from gpu_training.checkpoint import CheckpointManager
-from gpu_training.config import TrainingConfig
+from gpu_training.checkpoint import CheckpointError, CheckpointManager
+from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.data import GlobalBatchSampler
 from gpu_training.ddp import (
     DistributedContext,
@@ -55,7 +55,12 @@ from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
 from gpu_training.profiling import ThroughputMeter
 from gpu_training.reporting import MetricsWriter, plot_metrics
-from gpu_training.resume import capture_training_state, restore_training_state
+from gpu_training.resume import (
+    ResumeError,
+    capture_training_state,
+    check_resumable,
+    restore_training_state,
+)
 from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.strategy.prepared import Prepared, prepare
@@ -174,7 +179,7 @@ class _Run:
     sampler: GlobalBatchSampler
     generators: dict[str, torch.Generator]
     kind: str
-    """Checkpoint kind: ``plain`` (full state from rank 0), ``dcp`` (FSDP) or ``deepspeed``."""
+    """Checkpoint format: ``torch`` (full state from rank 0), ``dcp`` (FSDP) or ``deepspeed``."""
     engine: Any = None
 
 
@@ -186,6 +191,10 @@ class Trainer:
         task: Use this task instead of the one the job names (the Python API).
         callbacks: Objects with any of the :class:`Callback` hooks.
         quiet: Print nothing (metrics are still written).
+        allow_config_change: Resume from a checkpoint written with other math-relevant
+            settings (they are named in a warning); without it such a resume is refused.
+        trust_checkpoint: Let DeepSpeed's readers unpickle the checkpoint without the
+            ``weights_only`` allow-list (only for checkpoints from a source you trust).
     """
 
     def __init__(
@@ -195,8 +204,12 @@ class Trainer:
         task: Task | None = None,
         callbacks: Sequence[Any] = (),
         quiet: bool = False,
+        allow_config_change: bool = False,
+        trust_checkpoint: bool = False,
     ) -> None:
         self.job = job
+        self.allow_config_change = allow_config_change
+        self.trust_checkpoint = trust_checkpoint
         self.task = task
         self.callbacks = list(callbacks)
         self.quiet = quiet
@@ -328,9 +341,11 @@ class Trainer:
         val_loader = self._val_loader(val_ds, cfg)
         total = cfg.total_steps(len(train_ds))  # type: ignore[arg-type]
         if total < 1:
-            raise ValueError(
-                f"the training set ({len(train_ds)} samples) holds no global batch of "  # type: ignore[arg-type]
-                f"{cfg.effective_batch_size}: lower training.global_batch_size"
+            raise ConfigError(
+                f"field 'training.global_batch_size': the training set ({len(train_ds)} "  # type: ignore[arg-type]
+                f"samples) holds no global batch of {cfg.effective_batch_size}: lower "
+                "training.global_batch_size",
+                "training.global_batch_size",
             )
 
         self._speed_up(model, device, precision)
@@ -344,8 +359,9 @@ class Trainer:
             ctx=ctx,
             keep_last_n=job.checkpoint.keep_last_n,
             config_hash=job.config_hash(),
+            config=job.to_dict(),
+            trust_checkpoint=self.trust_checkpoint,
         )
-        kinds = {"fsdp": "dcp", "deepspeed": "deepspeed"}
         run = _Run(
             model=wrapped,
             optimizer=prepared.optimizer,
@@ -353,7 +369,7 @@ class Trainer:
             amp=prepared.trainer,
             sampler=sampler,
             generators={"loader": loader_gen},
-            kind=kinds.get(job.strategy.name, "plain"),
+            kind=job.strategy.checkpoint_format,
             engine=prepared.engine,
         )
         seed_everything(cfg.seed, rank=ctx.rank)  # per-rank streams (dropout)
@@ -362,7 +378,10 @@ class Trainer:
 
         out_dir = Path(job.run.output_dir)
         writer = MetricsWriter(
-            out_dir, tensorboard=job.run.tensorboard, enabled=ctx.is_main_process
+            out_dir,
+            tensorboard=job.run.tensorboard,
+            enabled=ctx.is_main_process,
+            resume_step=step,  # what a crash logged after the checkpoint is logged again
         )
         meter = ThroughputMeter(
             flops_per_token=task.flops_per_token,
@@ -489,11 +508,47 @@ class Trainer:
         return DataLoader(val_ds, batch_size=cfg.per_device_batch_size, sampler=sampler)
 
     def _resume(self, ckpt: CheckpointManager, run: _Run) -> int:
-        if not self.job.checkpoint.resume or ckpt.latest() is None:
+        """Loads the newest checkpoint, or refuses in one line (:class:`ResumeError`).
+
+        Every rank decides alike, without a collective: the checks read the shared
+        directory. Damaged checkpoints newer than the newest intact one are never skipped
+        (the run would overwrite them at their step): the run stops and names them.
+        """
+        if not self.job.checkpoint.resume:
             return 0
-        if run.kind == "plain":
-            step = restore_training_state(
-                ckpt.load(),
+        found = ckpt.find_resumable()
+        refusal = found.refusal(ckpt.directory)
+        if refusal is not None:
+            raise ResumeError(refusal)
+        chosen = found.latest
+        if chosen is None:
+            return 0
+        for line in check_resumable(
+            self.job, chosen, ckpt.manifest(chosen), allow_config_change=self.allow_config_change
+        ):
+            self.print(f"warning: {line}")
+        try:
+            step = self._load(ckpt, run, chosen)
+        except CheckpointError as err:  # checksums, allow-lists, shapes: the user's to fix
+            again = ckpt.find_resumable(verify_checksums=True)  # the failure path only
+            refusal = again.refusal(ckpt.directory)
+            raise ResumeError(refusal or f"cannot resume from {chosen}: {err}") from None
+        except RuntimeError as err:
+            if "Error(s) in loading state_dict" not in str(err):
+                raise
+            first = next((ln.strip() for ln in str(err).splitlines()[1:] if ln.strip()), "")
+            raise ResumeError(
+                f"cannot resume from {chosen}: it was written by a model of another shape "
+                f"({first[:300]}); use the task options it was written with, or another "
+                "checkpoint.dir for a new run"
+            ) from None
+        self.print(f"resumed from {chosen} (step {step})")
+        return step
+
+    def _load(self, ckpt: CheckpointManager, run: _Run, chosen: Path) -> int:
+        if run.kind == "torch":
+            return restore_training_state(
+                ckpt.load(chosen),
                 self.ctx,
                 run.model,
                 run.optimizer,
@@ -503,26 +558,25 @@ class Trainer:
                 generators=run.generators,
                 seed=self.config.seed,
             )
-        else:  # model and optimizer come back through their own format; the rest is plain
-            if run.kind == "deepspeed":
-                extra = ckpt.load_deepspeed(run.engine)
-            else:
-                extra = ckpt.load_sharded(run.model, run.optimizer)
-            step = int(extra["step"])
-            run.scheduler.load_state_dict(extra["scheduler_state"])
-            if run.amp is not None:
-                run.amp.load_state_dict(extra["amp_state"])
-            run.sampler.load_state_dict(extra["sampler_state"])
-            rng = extra.get("rng_states") or []
-            if self.ctx.rank < len(rng):
-                restore_rng_state(rng[self.ctx.rank], run.generators)
-            else:
-                seed_everything(self.config.seed + 1_000_003 * step, rank=self.ctx.rank)
-        self.print(f"resumed from {ckpt.latest()} (step {step})")
+        # model and optimizer come back through their own format; the rest is plain
+        if run.kind == "deepspeed":
+            extra = ckpt.load_deepspeed(run.engine, chosen)
+        else:
+            extra = ckpt.load_sharded(run.model, run.optimizer, chosen)
+        step = int(extra["step"])
+        run.scheduler.load_state_dict(extra["scheduler_state"])
+        if run.amp is not None:
+            run.amp.load_state_dict(extra["amp_state"])
+        run.sampler.load_state_dict(extra["sampler_state"])
+        rng = extra.get("rng_states") or []
+        if self.ctx.rank < len(rng):
+            restore_rng_state(rng[self.ctx.rank], run.generators)
+        else:
+            seed_everything(self.config.seed + 1_000_003 * step, rank=self.ctx.rank)
         return step
 
     def _save(self, ckpt: CheckpointManager, run: _Run, step: int) -> Path | None:
-        if run.kind == "plain":
+        if run.kind == "torch":
             state = capture_training_state(
                 self.ctx,
                 run.model,

@@ -9,15 +9,18 @@
 - :mod:`~gpu_training.checkpoint.sharded` — sharded (FSDP2) checkpoints through
   ``torch.distributed.checkpoint``: ``CheckpointManager.save_sharded`` / ``load_sharded``, same
   layout and guarantees, loadable on any world size. Imported on first use (DCP costs ~1 s of
-  import time). Sharded checkpoints are trusted input only.
+  import time).
 - :mod:`~gpu_training.checkpoint.zero` — DeepSpeed engine checkpoints
   (``CheckpointManager.save_deepspeed`` / ``load_deepspeed``) committed the same way.
 - :mod:`~gpu_training.checkpoint.collective` — that shared protocol for checkpoints every rank
   writes into (one locked temporary directory, rank 0 commits the manifest, an error on any
   rank reaches all); :mod:`~gpu_training.checkpoint.dcp_read` — the restrictive reading of
   DCP's pickled metadata and values.
+- :mod:`~gpu_training.checkpoint.safe_load` — the trust boundary: third-party readers
+  (DeepSpeed, DCP) run with every ``torch.load`` forced to ``weights_only`` and an allow-list.
 - :mod:`~gpu_training.checkpoint.offline` — read-only :func:`find_checkpoint`,
-  :func:`read_manifest`, :func:`verify_checkpoints` for any checkpoint directory, and
+  :func:`find_resumable`, :func:`read_manifest`, :func:`verify_checkpoints` for any
+  checkpoint directory, and
   :func:`consolidate` into one ``.safetensors`` / ``.pt`` file for an unwrapped model.
 
 Everything public is re-exported here, so ``from gpu_training.checkpoint import
@@ -39,8 +42,10 @@ from gpu_training.checkpoint.keys import WRAPPER_PREFIXES, strip_wrapper_prefixe
 from gpu_training.checkpoint.manager import CheckpointManager
 from gpu_training.checkpoint.offline import (
     CONSOLIDATED_SUFFIXES,
+    Resumable,
     consolidate,
     find_checkpoint,
+    find_resumable,
     load_plain,
     read_manifest,
     state_format,
@@ -59,8 +64,10 @@ __all__ = [
     "WRAPPER_PREFIXES",
     "CheckpointError",
     "CheckpointManager",
+    "Resumable",
     "consolidate",
     "find_checkpoint",
+    "find_resumable",
     "load_plain",
     "read_manifest",
     "snapshot_state",

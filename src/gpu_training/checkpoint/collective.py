@@ -42,7 +42,6 @@ import shutil
 import traceback
 import warnings
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -54,8 +53,6 @@ from torch.distributed.checkpoint import CheckpointException
 from gpu_training.checkpoint.files import (
     DEEPSPEED_FORMAT,
     EXTRA_NAME,
-    FORMAT_NAME,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     SHARDED_FORMAT,
     CheckpointError,
@@ -66,6 +63,7 @@ from gpu_training.checkpoint.files import (
     _inspect,
     _make_locked_tmp,
     _step_name,
+    build_manifest,
 )
 from gpu_training.checkpoint.offline import state_format
 from gpu_training.ddp import DistributedContext
@@ -213,23 +211,6 @@ def _own_files(tmp: Path, ctx: DistributedContext) -> list[dict[str, Any]]:
     return entries
 
 
-def _manifest(
-    manager: CheckpointManager, step: int, entries: list[dict[str, Any]], fmt: str
-) -> dict[str, Any]:
-    return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "state_format": fmt,
-        "step": step,
-        "world_size": manager.ctx.world_size,
-        "config_hash": manager.config_hash,
-        "created": datetime.now(timezone.utc).isoformat(),
-        "torch_version": torch.__version__,
-        "metadata": {},
-        "files": sorted(entries, key=lambda e: str(e["name"])),
-    }
-
-
 def _commit_sharded(
     manager: CheckpointManager,
     tmp: Path,
@@ -254,7 +235,14 @@ def _commit_sharded(
         size = (tmp / str(entry["name"])).stat().st_size
         if size != entry["size"]:
             raise CheckpointError(f"{tmp / entry['name']}: {size} bytes, expected {entry['size']}")
-    manifest = _manifest(manager, step, entries, fmt)
+    manifest = build_manifest(
+        step,
+        manager.ctx.world_size,
+        entries,
+        state_format=fmt,
+        config_hash=manager.config_hash,
+        config=manager.config,
+    )
     # the manifest is written last: without it the directory is not a checkpoint
     with open(tmp / MANIFEST_NAME, "wb") as f:
         f.write(json.dumps(manifest, indent=2).encode())

@@ -10,8 +10,11 @@ module of its own because it is the trust boundary of sharded checkpoints: both 
 every-rank load (:func:`~gpu_training.checkpoint.sharded.load_sharded`) and the offline one
 (:func:`~gpu_training.checkpoint.offline.consolidate`) go through it.
 
-DCP's file format was not designed for hostile input, so these checks narrow the risk, they
-do not remove it: **treat sharded checkpoint directories as trusted input only**.
+DCP's own ``torch.load`` calls also run forced to ``weights_only``
+(:func:`~gpu_training.checkpoint.safe_load.weights_only_loads`), so a pickle payload in any
+file of a sharded checkpoint is refused and never runs. DCP's format was not designed for
+hostile input in other ways (sizes, offsets): for weights from a stranger a ``.safetensors``
+file is still the better thing to ask for.
 
 Example:
     >>> import pickle, tempfile, warnings
@@ -45,6 +48,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from gpu_training.checkpoint.collective import _CAUGHT, _describe
 from gpu_training.checkpoint.files import CheckpointError
+from gpu_training.checkpoint.safe_load import weights_only_loads
 
 __all__ = ["load_everything"]
 
@@ -145,7 +149,8 @@ def load_everything(path: Path) -> dict[str, Any]:
     """Loads a whole sharded checkpoint into this process: no process group, no model.
 
     Used by :func:`~gpu_training.checkpoint.offline.consolidate`; needs the whole state
-    in CPU memory. Trusted input only (see the module docstring).
+    in CPU memory. Nothing in the directory is unpickled beyond the allow-lists (see the
+    module docstring).
 
     Args:
         path: A sharded step directory (verify it against its manifest first).
@@ -169,9 +174,10 @@ def load_everything(path: Path) -> dict[str, Any]:
     _read_metadata(path / _DCP_METADATA)  # a clear error before DCP's own fallbacks
     state: dict[str, Any] = {}
     try:
-        _load_state_dict(
-            state, storage_reader=_SafeReader(path), planner=_SafeEmptyPlanner(), no_dist=True
-        )
+        with weights_only_loads():
+            _load_state_dict(
+                state, storage_reader=_SafeReader(path), planner=_SafeEmptyPlanner(), no_dist=True
+            )
     except _CAUGHT as exc:
         raise CheckpointError(f"could not read {path}: {_describe(exc)}") from exc
     return state

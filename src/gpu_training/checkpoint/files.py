@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Mapping
@@ -249,6 +250,56 @@ def _make_locked_tmp(directory: Path, name: str) -> tuple[Path, int]:
 
 
 # ----------------------------------------------------------------------------------------------
+# the manifest
+
+
+def build_manifest(
+    step: int,
+    world_size: int,
+    files: list[dict[str, Any]],
+    *,
+    state_format: str | None = None,
+    config_hash: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``manifest.json`` of a checkpoint, for every format (written last, by rank 0).
+
+    Args:
+        step: The step the checkpoint holds.
+        world_size: Ranks that wrote it.
+        files: ``{"name", "size", "checksum"}`` of every state file.
+        state_format: ``"dcp"``, ``"deepspeed"``, or None for a plain ``state.pt``.
+        config_hash: A hash of the settings that define the run's math.
+        config: The job's settings themselves (plain data), so that a resume with other
+            settings can name the fields that changed.
+        metadata: The caller's JSON-serialisable extras.
+
+    Returns:
+        The manifest as a dict (``json.dumps``-able).
+    """
+    from datetime import datetime, timezone
+
+    import torch
+
+    manifest: dict[str, Any] = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION}
+    if state_format is not None:
+        manifest["state_format"] = state_format
+    manifest.update(
+        step=step,
+        world_size=world_size,
+        config_hash=config_hash,
+        created=datetime.now(timezone.utc).isoformat(),
+        torch_version=torch.__version__,
+        metadata=dict(metadata or {}),
+        files=sorted(files, key=lambda e: str(e["name"])),
+    )
+    if config is not None:
+        manifest["config"] = json.loads(json.dumps(config, default=str))
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------
 # manifest checks
 
 
@@ -305,11 +356,37 @@ def _manifest_problems(manifest: Any, path: Path) -> list[str]:
     return problems
 
 
+_MULTI_FILE_FORMATS = (SHARDED_FORMAT, DEEPSPEED_FORMAT)
+"""Formats whose third-party readers find files by name pattern, not through the manifest."""
+
+
+def _unlisted_problems(path: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """Files in a DCP/DeepSpeed step directory that the manifest does not vouch for.
+
+    Their readers glob the directory (``*_optim_states.pt``...), so a file nobody checksummed
+    would be read unverified.
+    """
+    if manifest.get("state_format") not in _MULTI_FILE_FORMATS:
+        return []
+    listed = {entry["name"] for entry in manifest["files"]} | {MANIFEST_NAME}
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        return [f"{path}: cannot list it ({exc.strerror})"]
+    return [
+        f"{path / name}: not listed in the manifest (its reader would read it unverified)"
+        for name in names
+        if name not in listed
+    ]
+
+
 def _inspect(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, list[str]]:
     """Reads and checks ``path``'s manifest and files; returns (manifest or None, problems)."""
     if not path.is_dir():
         return None, [f"{path}: no such checkpoint directory"]
     manifest_path = path / MANIFEST_NAME
+    if manifest_path.is_symlink():
+        return None, [f"{manifest_path}: a symbolic link (a checkpoint's files must be inside it)"]
     try:
         manifest = json.loads(manifest_path.read_bytes())
     except FileNotFoundError:
@@ -323,6 +400,7 @@ def _inspect(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, lis
         problem = _entry_problem(path, entry, checksums=checksums)
         if problem is not None:
             problems.append(problem)
+    problems += _unlisted_problems(path, manifest)
     return manifest, problems
 
 
@@ -330,9 +408,14 @@ def _entry_problem(path: Path, entry: Mapping[str, Any], *, checksums: bool) -> 
     """What is wrong with one manifest entry's file in ``path`` (None: size and checksum match)."""
     file = path / entry["name"]
     try:
-        size = file.stat().st_size
+        info = file.lstat()  # never follow a link: it could point anywhere on the machine
     except OSError:
         return f"{file}: listed in the manifest but missing"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{file}: a symbolic link (a checkpoint's files must be inside it; not followed)"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{file}: not a regular file"
+    size = info.st_size
     if size != entry["size"]:
         return f"{file}: {size} bytes, the manifest says {entry['size']} (truncated or overwritten)"
     if checksums and _checksum_mismatch(file, entry["checksum"]):

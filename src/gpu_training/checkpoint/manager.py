@@ -44,7 +44,6 @@ import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, cast
@@ -55,8 +54,6 @@ import torch.distributed as dist
 from gpu_training.checkpoint.files import (
     _STEP_RE,
     _TMP_PREFIX,
-    FORMAT_NAME,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     STATE_NAME,
     CheckpointError,
@@ -68,8 +65,10 @@ from gpu_training.checkpoint.files import (
     _make_locked_tmp,
     _step_name,
     _try_lock,
+    build_manifest,
 )
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
+from gpu_training.checkpoint.offline import Resumable, find_resumable
 from gpu_training.checkpoint.snapshot import _Buffers, _Snapshot, snapshot_state
 from gpu_training.ddp import DistributedContext
 
@@ -145,6 +144,11 @@ class CheckpointManager:
         ctx: This process's rank identity; ``DistributedContext.from_env()`` when None.
         keep_last_n: Committed checkpoints to keep (the newest by step); None keeps all.
         config_hash: Recorded in each manifest, e.g. a hash of the training config.
+        config: The settings themselves (plain data, e.g. ``JobConfig.to_dict()``), recorded
+            in each manifest as ``"config"`` so a resume can name the fields that changed.
+        trust_checkpoint: Let DeepSpeed's readers unpickle checkpoint files without the
+            ``weights_only`` allow-list (:mod:`~gpu_training.checkpoint.safe_load`); only for
+            checkpoints from a source you trust. Plain and sharded loads never need it.
 
     Raises:
         ValueError: If ``keep_last_n`` is not None or an integer >= 1.
@@ -165,6 +169,9 @@ class CheckpointManager:
         ctx: DistributedContext | None = None,
         keep_last_n: int | None = 3,
         config_hash: str | None = None,
+        *,
+        config: Mapping[str, Any] | None = None,
+        trust_checkpoint: bool = False,
     ) -> None:
         if keep_last_n is not None and (
             isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int) or keep_last_n < 1
@@ -177,6 +184,8 @@ class CheckpointManager:
         self.ctx = ctx if ctx is not None else DistributedContext.from_env()
         self.keep_last_n = keep_last_n
         self.config_hash = config_hash
+        self.config = dict(config) if config is not None else None
+        self.trust_checkpoint = trust_checkpoint
         self._pending: _SaveOutcome | None = None
         self._unsynced_commit = False  # rank 0: a rename not yet made durable (_sync_directory)
         self._staging: _Buffers = {}  # host buffers of the last async snapshot, for the next
@@ -235,6 +244,22 @@ class CheckpointManager:
             if not _inspect(path, checksums=verify_checksums)[1]:
                 return path
         return None
+
+    def find_resumable(self, *, verify_checksums: bool = False) -> Resumable:
+        """The newest committed checkpoint, and the damaged step directories newer than it.
+
+        Read-only (unlike :meth:`latest`, stale ``.tmp-*`` directories are left alone): see
+        :func:`~gpu_training.checkpoint.offline.find_resumable`. A run that resumed behind
+        damaged checkpoints would overwrite them when it reaches their steps; the Trainer
+        refuses with :meth:`Resumable.refusal` instead.
+
+        Args:
+            verify_checksums: Also hash the files (one read of each candidate).
+
+        Returns:
+            ``Resumable(latest, damaged)``.
+        """
+        return find_resumable(self.directory, verify_checksums=verify_checksums)
 
     def verify(self, path_or_step: str | os.PathLike[str] | int) -> list[str]:
         """Checks a checkpoint against its manifest: presence, sizes and checksums.
@@ -619,19 +644,14 @@ class CheckpointManager:
                 on_disk = os.fstat(raw.fileno()).st_size
                 if on_disk != sink.size:
                     raise OSError(f"{tmp / STATE_NAME}: {on_disk} bytes on disk, {sink.size} sent")
-                manifest = {
-                    "format": FORMAT_NAME,
-                    "format_version": FORMAT_VERSION,
-                    "step": step,
-                    "world_size": self.ctx.world_size,
-                    "config_hash": self.config_hash,
-                    "created": datetime.now(timezone.utc).isoformat(),
-                    "torch_version": torch.__version__,
-                    "metadata": extras,
-                    "files": [
-                        {"name": STATE_NAME, "size": sink.size, "checksum": sink.checksum.text()}
-                    ],
-                }
+                manifest = build_manifest(
+                    step,
+                    self.ctx.world_size,
+                    [{"name": STATE_NAME, "size": sink.size, "checksum": sink.checksum.text()}],
+                    config_hash=self.config_hash,
+                    config=self.config,
+                    metadata=extras,
+                )
                 # the manifest is written last, once the state is complete
                 with open(tmp / MANIFEST_NAME, "wb") as man:
                     man.write(json.dumps(manifest, indent=2).encode())
@@ -755,7 +775,8 @@ class CheckpointManager:
     ) -> dict[str, Any]:
         """Loads a sharded checkpoint in place, any world size. See :func:`.sharded.load_sharded`.
 
-        Sharded checkpoints are trusted input only: DCP's ``.metadata`` is a pickle.
+        Nothing in the directory is unpickled beyond DCP's metadata classes and
+        ``weights_only`` (:mod:`~gpu_training.checkpoint.dcp_read`).
 
         Args:
             model: The model to fill, sharded with ``fully_shard`` or not.
@@ -793,23 +814,30 @@ class CheckpointManager:
         return save_deepspeed(self, engine, step, extra=extra)
 
     def load_deepspeed(
-        self, engine: Any, path_or_step: str | os.PathLike[str] | int | None = None
+        self,
+        engine: Any,
+        path_or_step: str | os.PathLike[str] | int | None = None,
+        *,
+        trusted: bool | None = None,
     ) -> dict[str, Any]:
         """Loads a DeepSpeed checkpoint into ``engine``; every rank. See :func:`.zero.load_deepspeed`.
 
         Args:
             engine: The ``DeepSpeedEngine`` to fill.
             path_or_step: A checkpoint directory, a step number, or None for the newest.
+            trusted: Let DeepSpeed unpickle without the allow-list (default:
+                ``trust_checkpoint``).
 
         Returns:
             The ``extra`` state saved with it (empty dict if none).
 
         Raises:
-            CheckpointError: On every rank if there is none, it is damaged or mismatched.
+            CheckpointError: On every rank if there is none, it is damaged or mismatched, or a
+                file holds objects outside the allow-list (nothing runs).
         """
         from gpu_training.checkpoint.zero import load_deepspeed
 
-        return load_deepspeed(self, engine, path_or_step)
+        return load_deepspeed(self, engine, path_or_step, trusted=trusted)
 
     def __repr__(self) -> str:
         return (

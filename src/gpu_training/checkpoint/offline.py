@@ -13,8 +13,10 @@ It backs ``gpu-training ckpt inspect / verify / consolidate``:
   a plain model, written atomically.
 
 ``torch.distributed.checkpoint`` is imported only to consolidate a sharded checkpoint.
-Sharded checkpoints are trusted input only: DCP's ``.metadata`` is a pickle (read here with an
-allowlisting unpickler, but DCP's format was not designed for hostile input).
+Checkpoints are data from a possibly hostile source: every file is read with
+``weights_only=True`` or an allow-list (DCP's pickled ``.metadata``, DeepSpeed's optimizer
+files: :mod:`~gpu_training.checkpoint.safe_load`), a manifest's file names never leave the
+step directory, and symbolic links in it are refused (:func:`verify_checkpoints` names them).
 
 Example:
     >>> import tempfile, torch
@@ -38,9 +40,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NamedTuple, cast
 
 import torch
 
@@ -60,8 +63,10 @@ from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 
 __all__ = [
     "CONSOLIDATED_SUFFIXES",
+    "Resumable",
     "consolidate",
     "find_checkpoint",
+    "find_resumable",
     "load_plain",
     "read_manifest",
     "state_format",
@@ -155,6 +160,68 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     raise CheckpointError(f"{path}: none of its {len(steps)} step directories is committed")
 
 
+class Resumable(NamedTuple):
+    """Where a run would resume, and what stands in the way (:func:`find_resumable`)."""
+
+    latest: Path | None
+    """The newest step directory that verifies; None when there is none."""
+    damaged: list[tuple[Path, list[str]]]
+    """Step directories newer than ``latest`` that fail verification, with their problems."""
+
+    def refusal(self, directory: str | os.PathLike[str]) -> str | None:
+        """The one-line refusal when damaged checkpoints stand in the way, else None.
+
+        A run resuming behind a damaged checkpoint would overwrite it when it reaches its
+        step, and starting at step 0 would overwrite them all: neither happens silently.
+
+        Args:
+            directory: The checkpoint root, as the user named it.
+        """
+        if not self.damaged:
+            return None
+        root = Path(directory)
+        names = " ".join(shlex.quote(str(path)) for path, _ in self.damaged)
+        detail = "; ".join(f"{path.name}: {problems[0]}" for path, problems in self.damaged)
+        then = (
+            f"it then resumes from {self.latest.name}"
+            if self.latest is not None
+            else "it then starts at step 0"
+        )
+        return (
+            f"{len(self.damaged)} damaged checkpoint(s) in {root} newer than any intact one "
+            f"({detail}); they are never overwritten or skipped: move them aside with "
+            f"'mkdir -p {shlex.quote(str(root / 'damaged'))} && mv {names} "
+            f"{shlex.quote(str(root / 'damaged'))}/' and run again ({then})"
+        )
+
+
+def find_resumable(
+    root: str | os.PathLike[str], *, verify_checksums: bool = False
+) -> Resumable:
+    """The newest intact checkpoint under ``root`` and the damaged ones newer than it.
+
+    Read-only. A step directory counts as damaged when its manifest is missing or invalid,
+    a listed file is missing, truncated, a link, or (with ``verify_checksums``) corrupted.
+
+    Args:
+        root: A checkpoint root (it may not exist yet: nothing to resume).
+        verify_checksums: Also hash every file of the candidates (one read of each).
+
+    Returns:
+        A :class:`Resumable`: ``latest`` (or None) and ``damaged``, newest first.
+    """
+    root = Path(root)
+    damaged: list[tuple[Path, list[str]]] = []
+    if not root.is_dir():
+        return Resumable(None, damaged)
+    for step_dir in reversed(_step_dirs(root)):
+        problems = _inspect(step_dir, checksums=verify_checksums)[1]
+        if not problems:
+            return Resumable(step_dir, damaged)
+        damaged.append((step_dir, problems))
+    return Resumable(None, damaged)
+
+
 def read_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     """The manifest of a checkpoint (a step directory, or the newest under a root).
 
@@ -202,7 +269,9 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> dict[Path, list[str]]:
 # consolidation
 
 
-def _full_state(step_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+def _full_state(
+    step_dir: Path, manifest: Mapping[str, Any], *, trusted: bool = False
+) -> dict[str, Any]:
     """``{"model_state", "optimizer_state"?, "extra"?}`` from a sharded or plain checkpoint."""
     if state_format(manifest) == SHARDED_FORMAT:
         from gpu_training.checkpoint.dcp_read import load_everything  # imports DCP: ~1 s
@@ -216,7 +285,7 @@ def _full_state(step_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
     elif state_format(manifest) == DEEPSPEED_FORMAT:
         from gpu_training.checkpoint.zero import deepspeed_model_state  # imports DeepSpeed
 
-        out = {"model_state": deepspeed_model_state(step_dir)}
+        out = {"model_state": deepspeed_model_state(step_dir, trusted=trusted)}
         if (step_dir / EXTRA_NAME).exists():
             out["extra"] = load_plain(step_dir / EXTRA_NAME)
     else:
@@ -249,6 +318,19 @@ def _safetensors_dict(model_state: Mapping[str, Any], step_dir: Path) -> dict[st
     return tensors
 
 
+def _check_not_inside(out: Path, step_dir: Path) -> None:
+    """Refuses an output inside the step directory read, or any step directory beside it."""
+    target = out.resolve()
+    source = step_dir.resolve()
+    inside = [source, *(p.resolve() for p in _step_dirs(source.parent))]
+    for directory in inside:
+        if target.is_relative_to(directory):
+            raise CheckpointError(
+                f"{out} is inside the checkpoint {directory}: writing it there would damage "
+                "the checkpoint; write the output outside the step directories"
+            )
+
+
 def _check_output(out: Path, overwrite: bool, include_optimizer: bool) -> None:
     if out.suffix not in CONSOLIDATED_SUFFIXES:
         raise ValueError(
@@ -272,6 +354,7 @@ def consolidate(
     *,
     include_optimizer: bool = False,
     overwrite: bool = False,
+    trusted: bool = False,
 ) -> Path:
     """Turns a checkpoint (sharded or plain) into one file that loads into an unwrapped model.
 
@@ -287,21 +370,25 @@ def consolidate(
       by parameter name (load it with ``set_optimizer_state_dict(..., options=
       StateDictOptions(full_state_dict=True))``), a plain one's by index as usual.
 
-    The file is written atomically (temporary file, fsync, rename). Sharded checkpoints are
-    trusted input only (see :func:`~gpu_training.checkpoint.sharded.load_sharded`).
+    The file is written atomically (temporary file, fsync, rename), never inside the
+    checkpoint it reads. Nothing in the checkpoint is unpickled beyond ``weights_only`` and
+    the allow-lists of :mod:`~gpu_training.checkpoint.safe_load`, unless ``trusted``.
 
     Args:
         source: A step directory, or a checkpoint root (its newest committed checkpoint).
         out: The file to write; its suffix picks the format.
         include_optimizer: Also write the optimizer and extra state (``.pt`` only).
         overwrite: Replace ``out`` if it exists.
+        trusted: Let a DeepSpeed checkpoint's reader unpickle without the allow-list
+            (``--trust-checkpoint``); only for checkpoints from a source you trust.
 
     Returns:
         ``out`` as a ``Path``.
 
     Raises:
-        CheckpointError: If the checkpoint is missing, damaged or holds no model state, or
-            ``out`` exists (without ``overwrite``) or cannot be written. Nothing is written.
+        CheckpointError: If the checkpoint is missing, damaged, holds objects outside the
+            allow-lists or no model state, or ``out`` exists (without ``overwrite``), lies
+            inside a step directory or cannot be written. Nothing is written.
         ValueError: If the suffix of ``out`` is not one of :data:`CONSOLIDATED_SUFFIXES`, or
             ``include_optimizer`` is asked of a ``.safetensors`` file.
         ImportError: If ``.safetensors`` is asked for and the package is missing.
@@ -311,10 +398,11 @@ def consolidate(
     if out.suffix == ".safetensors":
         from safetensors.torch import save_file  # fail before the long load when missing
     step_dir, manifest = read_manifest(source)
+    _check_not_inside(out, step_dir)
     problems = _inspect(step_dir, checksums=True)[1]
     if problems:
         raise CheckpointError(f"refusing to consolidate {step_dir}: " + "; ".join(problems))
-    state = _full_state(step_dir, manifest)
+    state = _full_state(step_dir, manifest, trusted=trusted)
     tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
     try:
         if out.suffix == ".safetensors":

@@ -29,11 +29,12 @@ into a plain (unsharded) model, because DCP stores each tensor's global shape an
 values and unpickles them with ``weights_only=False``.
 
 Trust: DCP's ``.metadata`` is a pickle. It is read with an unpickler that only builds DCP's
-own metadata classes, and every non-tensor value is checked with
-``torch.load(weights_only=True)`` before DCP unpickles it
-(:mod:`~gpu_training.checkpoint.dcp_read`), but DCP's file format was not designed for
-hostile input: **treat sharded checkpoint directories as trusted input only**. For weights
-from an untrusted source, ask for a ``.safetensors`` file.
+own metadata classes, every non-tensor value is checked with ``torch.load(weights_only=True)``
+before DCP unpickles it, and DCP's own loads run forced to ``weights_only``
+(:mod:`~gpu_training.checkpoint.dcp_read`, :mod:`~gpu_training.checkpoint.safe_load`): a
+pickle payload in any file is refused and never runs. DCP's format was not designed for
+hostile input in other ways (sizes, offsets), so for weights from a stranger a
+``.safetensors`` file is still the better thing to ask for.
 
 Example:
     >>> ckpt = CheckpointManager("checkpoints", ctx=ctx, keep_last_n=3)  # doctest: +SKIP
@@ -81,6 +82,7 @@ from gpu_training.checkpoint.dcp_read import (
 )
 from gpu_training.checkpoint.files import EXTRA_NAME, SHARDED_FORMAT, CheckpointError
 from gpu_training.checkpoint.offline import load_plain
+from gpu_training.checkpoint.safe_load import weights_only_loads
 
 if TYPE_CHECKING:
     from gpu_training.checkpoint.manager import CheckpointManager
@@ -193,9 +195,9 @@ def load_sharded(
     sharded checkpoint that verifies, warning about newer ones that do not. Usually called as
     ``manager.load_sharded(...)``. Build the optimizer before loading (its state is filled in).
 
-    Sharded checkpoints are **trusted input only**: DCP's ``.metadata`` is a pickle. It is
-    read here with an allowlisting unpickler and non-tensor values are checked with
-    ``weights_only=True`` first, but do not load directories from people you do not trust.
+    DCP's ``.metadata`` pickle is read with an allowlisting unpickler, non-tensor values are
+    checked with ``weights_only=True`` first and DCP's own loads are forced to
+    ``weights_only`` (see the module docstring): nothing in the directory runs.
 
     Args:
         manager: The checkpoint directory and this rank's identity.
@@ -223,7 +225,7 @@ def load_sharded(
 
     extra: dict[str, Any] = {}
     with _Attempt() as load:
-        with _quiet_single_process():
+        with _quiet_single_process(), weights_only_loads():
             dcp.load(state, storage_reader=_SafeReader(chosen), planner=_SafeLoadPlanner())
         if optimizer is None:
             set_model_state_dict(model, state["model"])

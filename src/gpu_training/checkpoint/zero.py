@@ -9,10 +9,13 @@ every rank checksums its own files, rank 0 writes ``manifest.json`` last
 run killed mid-save resumes from the previous complete checkpoint, as any other run does.
 DeepSpeed's ``latest`` file is not written: :meth:`CheckpointManager.latest` is the truth.
 
-Trust: DeepSpeed loads its files with ``torch.load(weights_only=False)``; treat DeepSpeed
-checkpoint directories as **trusted input only** (like DCP's). ``extra.pt`` (sampler, RNG,
-scheduler...) is still read with ``weights_only=True``. For weights to share, consolidate into
-``.safetensors`` (``gpu-training ckpt consolidate``).
+Trust: DeepSpeed loads its files with ``torch.load(weights_only=False)``. Here its readers run
+inside :func:`~gpu_training.checkpoint.safe_load.weights_only_loads`, which forces every load
+to ``weights_only=True`` with an allow-list of the plain-data classes DeepSpeed pickles, and
+every ``.pt`` file is checked first so that a refusal names the file: a file holding anything
+else is refused and nothing in it runs. ``trusted=True`` (``--trust-checkpoint``) lets
+DeepSpeed unpickle as it likes, for checkpoints from a source you trust. For weights to
+share, consolidate into ``.safetensors`` (``gpu-training ckpt consolidate``).
 
 Example:
     >>> ckpt = CheckpointManager("checkpoints", ctx=ctx)  # doctest: +SKIP
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -38,8 +42,19 @@ from gpu_training.checkpoint.collective import (
     choose_verified,
     save_directory,
 )
-from gpu_training.checkpoint.files import DEEPSPEED_FORMAT, EXTRA_NAME, CheckpointError
+from gpu_training.checkpoint.files import (
+    DEEPSPEED_FORMAT,
+    EXTRA_NAME,
+    MANIFEST_NAME,
+    CheckpointError,
+)
 from gpu_training.checkpoint.offline import load_plain
+from gpu_training.checkpoint.safe_load import (
+    DEEPSPEED_SAFE_GLOBALS,
+    check_pickles,
+    refused_message,
+    weights_only_loads,
+)
 
 if TYPE_CHECKING:
     from gpu_training.checkpoint.manager import CheckpointManager
@@ -95,10 +110,29 @@ def save_deepspeed(
     return save_directory(manager, step, write, DEEPSPEED_FORMAT, extra=extra)
 
 
+@contextlib.contextmanager
+def _guarded(trusted: bool) -> Iterator[None]:
+    """DeepSpeed's own ``torch.load`` calls, forced to ``weights_only`` unless trusted."""
+    if trusted:
+        yield
+        return
+    with weights_only_loads(DEEPSPEED_SAFE_GLOBALS):
+        yield
+
+
+def _pickle_files(step_dir: Path, share: slice = slice(None)) -> list[Path]:
+    """The ``.pt`` files the manifest lists (this rank's share of them)."""
+    manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
+    names = sorted(e["name"] for e in manifest["files"] if str(e["name"]).endswith(".pt"))
+    return [step_dir / name for name in names[share]]
+
+
 def load_deepspeed(
     manager: CheckpointManager,
     engine: Any,
     path_or_step: str | os.PathLike[str] | int | None = None,
+    *,
+    trusted: bool | None = None,
 ) -> dict[str, Any]:
     """Loads a DeepSpeed checkpoint into ``engine`` (model, optimizer, its scheduler); every rank.
 
@@ -111,20 +145,29 @@ def load_deepspeed(
         manager: The checkpoint directory and this rank's identity.
         engine: The ``DeepSpeedEngine`` to fill (same model and ZeRO stage).
         path_or_step: A checkpoint directory, a step number, or None for the newest.
+        trusted: Let DeepSpeed unpickle its files without the ``weights_only`` allow-list
+            (default: the manager's ``trust_checkpoint``).
 
     Returns:
         The ``extra`` state saved with the checkpoint (an empty dict if there was none).
 
     Raises:
         CheckpointError: On every rank, if there is none, it fails verification, was saved
-            on another world size, or DeepSpeed could not load it.
+            on another world size, holds objects outside the allow-list (nothing runs), or
+            DeepSpeed could not load it.
     """
     ctx = manager.ctx
+    trusted = manager.trust_checkpoint if trusted is None else trusted
     _distributed(ctx)
     chosen = choose_verified(manager, path_or_step, DEEPSPEED_FORMAT)
     what = f"could not load {chosen}"
     extra: dict[str, Any] = {}
     with _Attempt() as check:
+        if not trusted:  # each rank a share: the refusal names the file
+            check_pickles(
+                _pickle_files(chosen, slice(ctx.rank, None, ctx.world_size)),
+                DEEPSPEED_SAFE_GLOBALS,
+            )
         manifest_world = _saved_world_size(chosen)
         if manifest_world != ctx.world_size:
             raise CheckpointError(
@@ -134,7 +177,7 @@ def load_deepspeed(
             )
     _settle(ctx, check, what)
     with _Attempt() as load:
-        with _quiet():
+        with _quiet(), _guarded(trusted), _refusals(chosen):
             path, _ = engine.load_checkpoint(
                 str(chosen.parent),
                 tag=chosen.name,
@@ -149,29 +192,42 @@ def load_deepspeed(
     return extra
 
 
+@contextlib.contextmanager
+def _refusals(step_dir: Path) -> Iterator[None]:
+    """A ``weights_only`` refusal inside DeepSpeed becomes one CheckpointError naming the step."""
+    try:
+        yield
+    except Exception as exc:
+        message = refused_message(step_dir, exc)
+        if message is None:
+            raise
+        raise CheckpointError(message) from exc
+
+
 def _saved_world_size(step_dir: Path) -> int:
-    import json
-
-    from gpu_training.checkpoint.files import MANIFEST_NAME
-
     manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
     return int(manifest["world_size"])
 
 
-def deepspeed_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
+def deepspeed_model_state(step_dir: Path, *, trusted: bool = False) -> dict[str, torch.Tensor]:
     """The full fp32 weights of a DeepSpeed ZeRO checkpoint, gathered from every rank's shards.
 
-    Offline, in one process (DeepSpeed's ``zero_to_fp32``). Trusted input only.
+    Offline, in one process (DeepSpeed's ``zero_to_fp32``), its loads forced to
+    ``weights_only`` with the allow-list unless ``trusted``.
 
     Args:
         step_dir: A committed ``step-XXXXXXXX`` directory of format ``"deepspeed"``.
+        trusted: Let DeepSpeed unpickle without the allow-list (``--trust-checkpoint``).
 
     Returns:
         ``{name: tensor}`` as the unwrapped model's ``state_dict`` names them.
 
     Raises:
-        CheckpointError: If the deepspeed extra is missing or the files cannot be read.
+        CheckpointError: If the deepspeed extra is missing, a file holds objects outside the
+            allow-list (nothing runs), or the files cannot be read.
     """
+    if not trusted:
+        check_pickles(_pickle_files(step_dir), DEEPSPEED_SAFE_GLOBALS)
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as exc:
@@ -180,10 +236,12 @@ def deepspeed_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
             "(pip install 'gpu-training[deepspeed]')"
         ) from exc
     try:
-        with _quiet():
+        with _quiet(), _guarded(trusted), _refusals(step_dir):
             state = get_fp32_state_dict_from_zero_checkpoint(
                 str(step_dir.parent), tag=step_dir.name
             )
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise CheckpointError(f"could not read {step_dir}: {type(exc).__name__}: {exc}") from exc
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

@@ -64,7 +64,10 @@ def register(subparsers: Any) -> None:
             "Start torchrun for SCRIPT_OR_CONFIG (a Python script, or a job file run as\n"
             "'gpu-training train CONFIG ARGS') with the right flags and environment, forward\n"
             "signals to the workers and exit with the job's code; or print the commands\n"
-            "(--print), an sbatch script (--slurm) or a Kubeflow PyTorchJob (--k8s)."
+            "(--print), an sbatch script (--slurm) or a Kubeflow PyTorchJob (--k8s).\n\n"
+            "Trust: SCRIPT_OR_CONFIG is code. A job file's import strings (task.model,\n"
+            "task.data, task.loss, a task factory) are imported and called to check the job,\n"
+            "even with --print, --slurm or --k8s: launch only scripts and job files you trust."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

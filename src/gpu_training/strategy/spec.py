@@ -181,6 +181,15 @@ class StrategyConfig:
                 "strategy.deepspeed_config",
             )
 
+    @property
+    def checkpoint_format(self) -> str:
+        """The checkpoint format this strategy saves and resumes (a manifest's ``state_format``).
+
+        ``"dcp"`` for FSDP (sharded), ``"deepspeed"`` for DeepSpeed's own files, ``"torch"``
+        (one full ``state.pt`` written by rank 0) otherwise.
+        """
+        return {"fsdp": "dcp", "deepspeed": "deepspeed"}.get(self.name, "torch")
+
     def to_dict(self) -> dict[str, Any]:
         """The options as plain data (round-trips through :meth:`from_dict`)."""
         data = dataclasses.asdict(self)

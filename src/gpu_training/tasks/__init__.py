@@ -380,9 +380,15 @@ def charlm_task(config: charlm.CharLMConfig | None = None) -> Task:
 
     Returns:
         A :class:`Task` named ``"charlm"`` with its ``baseline`` set.
+
+    Raises:
+        TaskError: If ``block_size`` / ``val_fraction`` leave a split without one window.
     """
     cfg = charlm.CharLMConfig() if config is None else config
-    data = charlm.build_datasets(cfg.block_size, cfg.val_fraction)
+    try:
+        data = charlm.build_datasets(cfg.block_size, cfg.val_fraction)
+    except ValueError as err:  # the options do not fit the corpus: bad input, one line
+        raise TaskError(f"task 'charlm': options block_size/val_fraction: {err}") from None
     vocab = data.tokenizer.vocab_size
     if cfg.vocab_size is not None:
         if cfg.vocab_size < vocab:

@@ -1,0 +1,238 @@
+"""What ``gpu-training train`` checks on the launching host, before any process starts.
+
+A job that cannot run should say so in one line, at once — not after torchrun has started
+every rank, not after an hour of training at the first save. :func:`check_launch` runs the
+checks that need no process group:
+
+- the task, its options and the strategy's options (:func:`~gpu_training.trainer.check_job`),
+  and for the built-in task the data: the training set holds a global batch;
+- the global batch splits over the requested number of ranks;
+- the checkpoint and output directories can be written (a probe file is created and removed;
+  a path under a file or a read-only directory is named);
+- the checkpoint the run would resume from: no damaged checkpoint stands in the way, it has
+  the format the strategy resumes, its recorded settings match the job (or
+  ``allow_config_change``), its model has the job's parameter shapes, and its files hold
+  nothing outside the ``weights_only`` allow-lists.
+
+Every failure is a :class:`~gpu_training.config.ConfigError` naming the field or file.
+
+Example:
+    >>> import tempfile
+    >>> from gpu_training.job import JobConfig
+    >>> job = JobConfig.from_dict({
+    ...     "task_options": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
+    ...     "training": {"global_batch_size": 8, "per_device_batch_size": 4},
+    ...     "run": {"output_dir": tempfile.mkdtemp()}})
+    >>> check_launch(job, nproc=2)  # nothing to resume, nothing to warn about
+    []
+    >>> check_launch(job, nproc=3)
+    Traceback (most recent call last):
+    ...
+    gpu_training.config.ConfigError: --nproc 3: global batch 8 does not split into 3 ranks ...
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu_training.checkpoint import (
+    MANIFEST_NAME,
+    CheckpointError,
+    find_resumable,
+    strip_wrapper_prefixes,
+)
+from gpu_training.config import ConfigError
+from gpu_training.job import JobConfig
+from gpu_training.resume import ResumeError, check_resumable
+from gpu_training.tasks import BUILTIN_TASKS, Task
+from gpu_training.trainer import check_job
+
+__all__ = ["check_launch", "check_writable"]
+
+
+def check_launch(
+    job: JobConfig,
+    nproc: int,
+    *,
+    allow_config_change: bool = False,
+    trust_checkpoint: bool = False,
+) -> list[str]:
+    """Every check of a ``train`` launch that needs no process; returns warnings to print.
+
+    Args:
+        job: The job to launch.
+        nproc: The world size it will run with.
+        allow_config_change: Resume even though math-relevant settings changed.
+        trust_checkpoint: Skip the allow-list check of DeepSpeed files (their reader will
+            unpickle them as it likes).
+
+    Returns:
+        Warnings (settings changed that do not change the math), one line each.
+
+    Raises:
+        ConfigError: The first problem, naming the field, flag or file.
+    """
+    task = check_job(job)
+    try:
+        cfg = job.training.for_world_size(nproc)
+    except ConfigError as err:
+        raise ConfigError(f"--nproc {nproc}: {err}", "training.global_batch_size") from None
+    if job.task.name in BUILTIN_TASKS:  # cheap for the built-in data; a user's may not be
+        _check_data(task, cfg.effective_batch_size)
+    check_writable(job.checkpoint_dir, "checkpoint.dir")
+    check_writable(Path(job.run.output_dir), "run.output_dir")
+    return _check_resume(job, task, allow_config_change, trust_checkpoint)
+
+
+def check_writable(path: Path, field: str) -> None:
+    """``path`` is (or can be created as) a directory this process can write into.
+
+    A probe file is created in ``path`` (or, when it does not exist yet, a probe directory in
+    its nearest existing ancestor) and removed at once: nothing is left behind.
+
+    Args:
+        path: The directory the run will write into.
+        field: The job field that names it, for the message.
+
+    Raises:
+        ConfigError: If ``path`` or an ancestor is a file, or it cannot be written.
+    """
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == path else f"is under a file ({existing})"
+        raise ConfigError(f"field '{field}': {path} {where}; expected a directory", field)
+    probe = existing / f".gpu-training-probe-{secrets.token_hex(4)}"
+    try:
+        if existing == path:
+            probe.touch(exist_ok=False)
+            probe.unlink()
+        else:
+            probe.mkdir()
+            probe.rmdir()
+    except OSError as exc:
+        reason = "read-only" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
+        raise ConfigError(
+            f"field '{field}': cannot write in {existing}"
+            + (f" ({reason}: {exc.strerror})" if reason else f" ({exc.strerror})")
+            + "; choose a directory this user can write",
+            field,
+        ) from None
+
+
+def _check_data(task: Task, global_batch: int) -> None:
+    train, _ = task.build_data()
+    size = len(train)  # type: ignore[arg-type]
+    if size < global_batch:
+        raise ConfigError(
+            f"field 'training.global_batch_size': the training set ({size} samples) holds no "
+            f"global batch of {global_batch}: lower training.global_batch_size",
+            "training.global_batch_size",
+        )
+
+
+def _check_resume(
+    job: JobConfig, task: Task, allow_config_change: bool, trust_checkpoint: bool
+) -> list[str]:
+    if not job.checkpoint.resume:
+        return []
+    found = find_resumable(job.checkpoint_dir, verify_checksums=True)
+    refusal = found.refusal(job.checkpoint_dir)
+    if refusal is not None:
+        raise ResumeError(refusal)
+    if found.latest is None:
+        return []
+    step_dir = found.latest
+    manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
+    warnings = check_resumable(job, step_dir, manifest, allow_config_change=allow_config_change)
+    try:
+        _check_contents(step_dir, manifest, trust_checkpoint)
+        saved = _saved_shapes(step_dir, manifest)
+    except CheckpointError as err:
+        raise ResumeError(f"cannot resume from {step_dir}: {err}") from None
+    if saved is not None:
+        with torch.device("meta"):  # the shapes only: no memory, no initialisation
+            model = task.build_model()
+        _compare_shapes(step_dir, saved, {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    return warnings
+
+
+def _check_contents(step_dir: Path, manifest: dict[str, Any], trust_checkpoint: bool) -> None:
+    """Every pickle a resume would read holds plain data only (nothing is executed here)."""
+    from gpu_training.checkpoint.safe_load import DEEPSPEED_SAFE_GLOBALS, check_pickles
+
+    fmt = str(manifest.get("state_format", "torch"))
+    files = [step_dir / str(e["name"]) for e in manifest["files"]]
+    pickles = [f for f in files if f.suffix == ".pt"]
+    if fmt == "deepspeed":
+        if not trust_checkpoint:
+            check_pickles(pickles, DEEPSPEED_SAFE_GLOBALS)
+        else:
+            check_pickles([f for f in pickles if f.name == "extra.pt"])
+        return
+    check_pickles(pickles)
+    if fmt == "dcp":
+        from gpu_training.checkpoint.dcp_read import _read_metadata
+
+        _read_metadata(step_dir / ".metadata")
+
+
+def _saved_shapes(step_dir: Path, manifest: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:
+    """Parameter name -> shape of the checkpoint's model; None where it is not cheap to know."""
+    fmt = str(manifest.get("state_format", "torch"))
+    if fmt == "torch":
+        state = torch.load(step_dir / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+        model_state = state.get("model_state") if isinstance(state, dict) else None
+        if not isinstance(model_state, dict):
+            raise CheckpointError(f"{step_dir / 'state.pt'} holds no model state")
+        return {k: tuple(v.shape) for k, v in strip_wrapper_prefixes(model_state).items()}
+    if fmt == "dcp":
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        from gpu_training.checkpoint.dcp_read import _read_metadata
+
+        metadata = _read_metadata(step_dir / ".metadata")
+        return {
+            fqn.removeprefix("model."): tuple(meta.size)
+            for fqn, meta in metadata.state_dict_metadata.items()
+            if fqn.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+        }
+    return None  # DeepSpeed: its engine checks the shapes on every rank
+
+
+def _compare_shapes(
+    step_dir: Path, saved: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]
+) -> None:
+    wanted = dict(strip_wrapper_prefixes(wanted))
+    differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+    missing = [k for k in wanted if k not in saved]
+    unexpected = [k for k in saved if k not in wanted]
+    if not (differ or missing or unexpected):
+        return
+    parts = []
+    if differ:
+        k = differ[0]
+        parts.append(
+            f"'{k}' is {list(saved[k])} there and {list(wanted[k])} in this job"
+            + (f" (and {len(differ) - 1} more)" if len(differ) > 1 else "")
+        )
+    if missing:
+        parts.append(f"{len(missing)} of the job's tensors are not in it (e.g. '{missing[0]}')")
+    if unexpected:
+        parts.append(
+            f"it holds {len(unexpected)} tensors the job's model lacks (e.g. '{unexpected[0]}')"
+        )
+    raise ResumeError(
+        f"{step_dir} was written by a model of another shape: "
+        + "; ".join(parts)
+        + "; use the task options it was written with, or another checkpoint.dir for a new run"
+    )

@@ -1,0 +1,253 @@
+"""What stands between a run and its checkpoints: nothing damaged is skipped or overwritten,
+changed settings are named, the metrics file shows every step once, and ``train`` checks it
+all before any process starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from dist_harness import REPO_ROOT
+from gpu_training.checkpoint import find_resumable
+from gpu_training.config import ConfigError
+from gpu_training.job import JobConfig
+from gpu_training.preflight import check_launch, check_writable
+from gpu_training.reporting import MetricsWriter, read_metrics
+from gpu_training.resume import ResumeError, check_resumable
+from gpu_training.trainer import Trainer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _job(
+    out: Path, *, sections: dict[str, dict[str, Any]] | None = None, **training: Any
+) -> JobConfig:
+    data = _job_dict(out, **training)
+    for name, values in (sections or {}).items():
+        data[name] = {**data[name], **values}
+    return JobConfig.from_dict(data)
+
+
+def _job_dict(out: Path, **training: Any) -> dict[str, Any]:
+    return dict(
+        {
+            "task": "charlm",
+            "task_options": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
+            "training": {
+                "global_batch_size": 8,
+                "per_device_batch_size": 4,
+                "max_steps": 4,
+                "learning_rate": 3e-3,
+                "precision": "fp32",
+                **training,
+            },
+            "strategy": {"name": "none"},
+            "checkpoint": {"every": 2, "keep_last_n": 5},
+            "run": {
+                "output_dir": str(out),
+                "log_every": 1,
+                "eval_every": 2,
+                "eval_batches": 1,
+                "progress": False,
+                "plot": False,
+                "tensorboard": False,
+            },
+        }
+    )
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    Trainer(_job(out), quiet=True).fit()
+    return out
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+def test_every_damaged_checkpoint_refuses_instead_of_starting_over(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    out = _copy(finished_run, tmp_path)
+    ckpts = out / "checkpoints"
+    for state in ckpts.glob("step-*/state.pt"):
+        with open(state, "r+b") as f:
+            f.truncate(100)
+    before = _files(ckpts)
+    with pytest.raises(ResumeError) as info:
+        Trainer(_job(out), quiet=True).fit()
+    message = str(info.value)
+    assert "2 damaged checkpoint(s)" in message and "step-00000004" in message
+    assert "truncated" in message and f"mkdir -p {ckpts / 'damaged'}" in message
+    assert "it then starts at step 0" in message
+    assert _files(ckpts) == before, "nothing may be overwritten"
+    with pytest.raises(ResumeError, match="damaged"):
+        check_launch(_job(out), 1)  # the same refusal before any process starts
+
+
+def test_a_corrupt_newest_checkpoint_is_named_not_skipped(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    out = _copy(finished_run, tmp_path)
+    state = out / "checkpoints" / "step-00000004" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[-200] ^= 0xFF  # same size: only the checksum sees it
+    state.write_bytes(bytes(data))
+    assert find_resumable(out / "checkpoints").latest == state.parent  # sizes look fine
+    with pytest.raises(ResumeError) as info:
+        Trainer(_job(out, max_steps=6), quiet=True, allow_config_change=True).fit()
+    assert "checksum mismatch" in str(info.value)
+    assert "it then resumes from step-00000002" in str(info.value)
+    assert state.read_bytes() == bytes(data)
+
+
+def test_changed_math_is_named_and_needs_allow_config_change(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    out = _copy(finished_run, tmp_path)
+    changed = _job(out, learning_rate=1e-2, max_steps=6)
+    with pytest.raises(ResumeError) as info:
+        Trainer(changed, quiet=True).fit()
+    message = str(info.value)
+    assert "training.learning_rate: 0.003 -> 0.01" in message
+    assert "training.max_steps: 4 -> 6" in message and "--allow-config-change" in message
+    with pytest.raises(ResumeError, match="learning_rate"):
+        check_launch(changed, 1)
+    summary = Trainer(changed, quiet=True, allow_config_change=True).fit()
+    assert summary["step"] == 6
+
+
+def test_settings_that_do_not_change_the_math_only_warn(finished_run: Path) -> None:
+    out = finished_run  # read only
+    step_dir = out / "checkpoints" / "step-00000004"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    # another split of the same global batch, another logging cadence: the same math
+    job = _job(out, per_device_batch_size=2, sections={"run": {"log_every": 2}})
+    warnings = check_resumable(job, step_dir, manifest)
+    assert warnings == [
+        f"{step_dir.name} was written with run.log_every: 1 -> 2 (does not change the math)"
+    ]
+
+
+def test_another_checkpoint_format_is_refused(finished_run: Path) -> None:
+    step_dir = finished_run / "checkpoints" / "step-00000004"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    job = _job(finished_run, sections={"strategy": {"name": "fsdp"}})
+    with pytest.raises(ResumeError, match="plain checkpoint and strategy 'fsdp' resumes sharded"):
+        check_resumable(job, step_dir, manifest)
+
+
+def test_a_model_of_another_shape_is_named_before_launch(finished_run: Path) -> None:
+    job = _job(finished_run, sections={"task_options": {"n_embd": 32}})
+    with pytest.raises(ResumeError) as info:
+        check_launch(job, 1, allow_config_change=True)
+    assert "another shape: 'wte.weight' is [72, 16] there and [72, 32] in this job" in str(
+        info.value
+    )
+
+
+def test_metrics_show_every_step_once_after_a_crash(finished_run: Path, tmp_path: Path) -> None:
+    out = _copy(finished_run, tmp_path)
+    import shutil
+
+    # A crash after step 4 was logged but before its checkpoint: the run redoes 3 and 4.
+    shutil.rmtree(out / "checkpoints" / "step-00000004")
+    Trainer(_job(out), quiet=True).fit()
+    records = read_metrics(out / "metrics.jsonl")
+    train_steps = [r["step"] for r in records if r["split"] == "train"]
+    assert train_steps == [1, 2, 3, 4]
+    assert [r["step"] for r in records if r["split"] == "val"] == [2, 4]
+
+
+def test_metrics_writer_cuts_back_to_the_resumed_step(tmp_path: Path) -> None:
+    with MetricsWriter(tmp_path, tensorboard=False) as writer:
+        for step in range(1, 7):
+            writer.write("train", step, {"loss": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"split": "tr')  # a line torn by a kill
+    with MetricsWriter(tmp_path, tensorboard=False, resume_step=3) as writer:
+        writer.write("train", 4, {"loss": 40.0})
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+    ]
+
+
+def test_check_writable_names_a_file_in_the_way_and_leaves_nothing(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"'checkpoint.dir': .*afile/ck is under a file"):
+        check_writable(tmp_path / "afile" / "ck", "checkpoint.dir")
+    with pytest.raises(ConfigError, match="is a file"):
+        check_writable(tmp_path / "afile", "run.output_dir")
+    check_writable(tmp_path / "new" / "deeper", "run.output_dir")
+    check_writable(tmp_path, "run.output_dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_check_writable_names_a_read_only_mount(tmp_path: Path) -> None:
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mnt)])
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(ConfigError, match=r"'checkpoint.dir': cannot write in .*read-only"):
+            check_writable(mnt / "ck", "checkpoint.dir")
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_train_refuses_an_empty_job_file_and_config_check_reads_job_files(tmp_path: Path) -> None:
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpu_training", "train", str(tmp_path / "empty.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "the job file is empty" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+    for config in sorted((REPO_ROOT / "configs").glob("*.yaml")):
+        check = subprocess.run(
+            [sys.executable, "-m", "gpu_training", "config", "check", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert check.returncode == 0, check.stderr
+        assert "effective batch: 32" in check.stdout and "strategy:" in check.stdout
+    assert yaml.safe_load((REPO_ROOT / "configs" / "ddp_config.yaml").read_text())["task"]
+
+
+def test_resumed_weights_match_the_recorded_settings(finished_run: Path) -> None:
+    """The manifest records the job it was written with, field by field."""
+    manifest = json.loads(
+        (finished_run / "checkpoints" / "step-00000004" / "manifest.json").read_text()
+    )
+    assert manifest["config"]["training"]["learning_rate"] == 3e-3
+    assert manifest["config_hash"] == _job(finished_run).config_hash()
+    state = torch.load(
+        finished_run / "checkpoints" / "step-00000004" / "state.pt", weights_only=True
+    )
+    assert state["step"] == 4
