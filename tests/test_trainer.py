@@ -266,7 +266,10 @@ def test_fsdp_job_saves_sharded_and_resumes(tmp_path: Path) -> None:
     job = yaml.safe_load(config.read_text())
     job["training"]["max_steps"] = 6
     config.write_text(yaml.safe_dump(job))
-    second = _train(config, 2)
+    refused = _train(config, 2)  # a longer schedule changes the LR of the steps already taken
+    assert refused.returncode == 2 and "training.max_steps: 4 -> 6" in refused.stderr
+    second = _train(config, 2, "--allow-config-change")
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "warning: resuming step-00000004 with changed settings" in second.stdout
     assert "resumed from" in second.stdout and "(step 4)" in second.stdout
     assert "step 6/6 | loss" in second.stdout

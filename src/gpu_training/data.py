@@ -16,7 +16,9 @@ them; :class:`~gpu_training.amp.MixedPrecisionTrainer` divides each micro-batch 
 before ``backward``, and DDP averages gradients over the ``W`` ranks. The gradient applied
 is therefore ``1/W · Σ_ranks 1/A · Σ_micro 1/B · Σ_samples ∇ℓ = 1/G · Σ_global batch ∇ℓ``:
 the mean over the global batch, whatever the split. (Unequal micro-batches would break this;
-the sampler never yields one.)
+the sampler never yields one.) With masked targets the micro-batches hold unequal numbers of
+*scored* targets, so a mean per micro-batch breaks it again: the Trainer then divides a
+summed loss by the global batch's count instead (:mod:`gpu_training.step`).
 
 Use it as a DataLoader's ``batch_sampler``::
 

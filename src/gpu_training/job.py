@@ -148,7 +148,8 @@ class RunSpec:
     """Evaluate on the validation set every this many steps (and at the end)."""
 
     eval_batches: int | None = 20
-    """Validation micro-batches per rank per evaluation (``None``: the whole set)."""
+    """Validation *global* batches per evaluation (``None``: the whole set): the same samples
+    on any number of ranks, each rank scoring every ``world_size``-th of them."""
 
     progress: bool = True
     """Show a progress bar (rank 0 only, and only on a terminal)."""
@@ -362,7 +363,9 @@ def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key, missing), new.get(key, missing)
         if before != after:
-            show = [("(unset)" if v is missing else json.dumps(v, default=str)) for v in (before, after)]
+            show = [
+                ("(unset)" if v is missing else json.dumps(v, default=str)) for v in (before, after)
+            ]
             lines.append(f"{key}: {show[0]} -> {show[1]}")
     return lines
 

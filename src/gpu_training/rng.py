@@ -4,7 +4,14 @@ Bitwise-exact resume needs every source of randomness a step consumes: torch's C
 generators (dropout, init), Python's ``random`` and NumPy's global state (augmentations), and
 the private ``torch.Generator`` objects a run hands its data loaders (each ``iter(DataLoader)``
 draws a base seed — from the *global* RNG unless the loader has its own generator).
-Ranks draw different dropout masks, so each rank's state is saved, not just rank 0's.
+Ranks draw different random numbers outside the micro-batches, so each rank's state is
+saved, not just rank 0's.
+
+Inside a micro-batch's forward and backward, randomness belongs to the *samples*, not to the
+rank that computes them: :func:`micro_batch_rng` seeds torch's generators from (seed,
+optimizer step, the micro-batch's index in the global batch) and restores them afterwards, so
+micro-batch ``k`` of step ``s`` gets the same dropout masks on 1 rank or 8 (promise 1 with
+dropout on), and a run resumed at another world size continues exactly.
 
 Everything is stored as tensors, ints, floats and None, so a checkpoint holding it loads with
 ``torch.load(..., weights_only=True)``.
@@ -22,9 +29,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -35,9 +43,14 @@ from gpu_training.ddp import DistributedContext
 __all__ = [
     "capture_rng_state",
     "gather_rng_states",
+    "micro_batch_rng",
+    "micro_batch_seed",
     "restore_rng_state",
     "seed_everything",
 ]
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def seed_everything(seed: int, *, rank: int = 0) -> None:
@@ -60,6 +73,85 @@ def seed_everything(seed: int, *, rank: int = 0) -> None:
     except ImportError:  # NumPy is optional
         return
     np.random.seed(value % 2**32)
+
+
+def micro_batch_seed(seed: int, step: int, index: int) -> int:
+    """A 63-bit generator seed for micro-batch ``index`` of optimizer step ``step``.
+
+    splitmix64 over the three numbers, so nearby (seed, step, index) give unrelated streams
+    (``seed + step`` would make seed 0 step 1 replay seed 1 step 0).
+
+    Args:
+        seed: The run's seed.
+        step: Optimizer steps completed before this one.
+        index: The micro-batch's place in the global batch (rank-major: ``rank * A + micro``).
+
+    Returns:
+        A non-negative seed for ``torch.Generator.manual_seed``.
+
+    Example:
+        >>> micro_batch_seed(0, 0, 1) != micro_batch_seed(0, 1, 0)
+        True
+    """
+    x = 0
+    for part in (seed, step, index):
+        x = (x ^ (part & _MASK64)) & _MASK64
+        x = (x + _GOLDEN) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x ^= x >> 31
+    return x >> 1
+
+
+@contextlib.contextmanager
+def micro_batch_rng(
+    seed: int, step: int, index: int, device: torch.device | str | None = None
+) -> Iterator[None]:
+    """Draws inside come from the micro-batch's own stream; the previous state comes back after.
+
+    Wrap a micro-batch's forward *and* backward (activation checkpointing recomputes the
+    forward in backward: ``torch.utils.checkpoint`` replays the state it saw in forward, so
+    the recomputed masks are the same). Seeds torch's CPU generator and, for a CUDA
+    ``device``, that device's generator; Python's ``random`` and NumPy are left alone.
+
+    Args:
+        seed: The run's seed.
+        step: Optimizer steps completed before this one.
+        index: The micro-batch's place in the global batch: with the global-batch sampler's
+            rank-major layout, ``rank * accumulation_steps + micro_step``. The same index
+            holds the same samples on any world size when the per-device batch is the same.
+        device: The device the forward runs on (default: CPU only).
+
+    Yields:
+        Nothing.
+
+    Example:
+        >>> import torch
+        >>> with micro_batch_rng(0, step=3, index=1):
+        ...     a = torch.rand(2)
+        >>> with micro_batch_rng(0, step=3, index=1):
+        ...     b = torch.rand(2)
+        >>> torch.equal(a, b)
+        True
+    """
+    value = micro_batch_seed(seed, step, index)
+    cuda = None
+    if device is not None and torch.device(device).type == "cuda":
+        index_ = torch.device(device).index
+        cuda = torch.cuda.default_generators[
+            torch.cuda.current_device() if index_ is None else index_
+        ]
+    cpu_state = torch.default_generator.get_state()
+    cuda_state = cuda.get_state() if cuda is not None else None
+    torch.default_generator.manual_seed(value)
+    if cuda is not None:
+        cuda.manual_seed(value)
+    try:
+        yield
+    finally:
+        torch.default_generator.set_state(cpu_state)
+        if cuda is not None and cuda_state is not None:
+            cuda.set_state(cuda_state)
 
 
 def _numpy_state() -> dict[str, Any] | None:

@@ -36,7 +36,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
 
 from gpu_training.amp import MixedPrecisionTrainer, resolve_precision
 from gpu_training.checkpoint import CheckpointError, CheckpointManager
@@ -63,8 +62,9 @@ from gpu_training.resume import (
 )
 from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
+from gpu_training.step import step_batches, sum_and_count, train_step
 from gpu_training.strategy.prepared import Prepared, prepare
-from gpu_training.tasks import Task, resolve_task, task_from_imports
+from gpu_training.tasks import Task, count_scored, resolve_task, task_from_imports
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
 
@@ -277,20 +277,24 @@ class Trainer:
         device: torch.device,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]],
     ) -> dict[str, float]:
-        """Mean validation loss over every rank's shard (weighted by micro-batches)."""
+        """Validation loss over the same samples on any world size: a sum and a count.
+
+        Each rank scores its share (:meth:`_val_loader`); the sums and counts are added over
+        the ranks, so the result is the loss over every evaluated sample (or scored target)
+        whatever the number of ranks, to float rounding.
+        """
         assert self.task is not None
+        loss_fn = self.task.loss_sum or self.task.loss_fn
         model.eval()
         total = torch.zeros((), dtype=torch.float64, device=device)
-        count = 0
-        limit = self.job.run.eval_batches
+        count = torch.zeros((), dtype=torch.float64, device=device)
         with torch.no_grad():
-            for i, batch in enumerate(loader):
-                if limit is not None and i >= limit:
-                    break
+            for batch in loader:
                 inputs, targets = move_to_device(batch, device)
                 with autocast():
-                    total += self.task.loss_fn(model(inputs), targets).double()
-                count += 1
+                    part, n = sum_and_count(loss_fn(model(inputs), targets), targets)
+                total += part.double()
+                count += n.to(device=device, dtype=torch.float64)
         model.train()
         sums = reduce_scalar_dict({"loss_sum": total, "count": count}, self.ctx, average=False)
         loss = sums["loss_sum"] / max(1.0, sums["count"])
@@ -396,7 +400,7 @@ class Trainer:
         self._emit("on_train_start")
         started = time.perf_counter()
         first_loss = math.nan
-        last_saved = step
+        last_saved = start_step = step
         try:
             with (
                 PreemptionHandler(ctx=ctx) as preemption,
@@ -406,19 +410,26 @@ class Trainer:
                 # Device-side values, read once per log window: no host sync per step.
                 losses: list[torch.Tensor] = []  # micro-batch losses of the log window
                 norms: list[torch.Tensor] = []
-                on_cpu = device.type == "cpu"  # the loader's tensors are already there
+                loss_fn = task.loss_sum or task.loss_fn
+                count_fn = task.count_targets or count_scored
                 meter.start()
                 while step < total and not self.state.preempted:
-                    for micro, batch in enumerate(loader):
-                        inputs, targets = batch if on_cpu else move_to_device(batch, device)
-                        with steps.sync(micro):
-                            with steps.autocast():
-                                loss = task.loss_fn(wrapped(inputs), targets)
-                            steps.backward(loss)
-                        losses.append(loss.detach())
-                        norm = steps.step_async(micro)
-                        if norm is None:
-                            continue
+                    for batches in step_batches(loader, cfg.gradient_accumulation_steps):
+                        norm, micro_losses = train_step(
+                            batches,
+                            wrapped,
+                            loss_fn,
+                            steps,
+                            ctx=ctx,
+                            device=device,
+                            seed=cfg.seed,
+                            step=step,
+                            count_fn=count_fn,
+                            check_counts=step == start_step,
+                        )
+                        losses += micro_losses
+                        if norm is None:  # pragma: no cover - every step_async steps at A
+                            raise RuntimeError("the strategy did not step at the last micro-batch")
                         scheduler.step()
                         step += 1
                         self.state.step = step
@@ -498,14 +509,19 @@ class Trainer:
     def _val_loader(
         self, val_ds: Dataset[Any] | None, cfg: TrainingConfig
     ) -> DataLoader[Any] | None:
+        """This rank's share of the evaluated samples: every ``world_size``-th, no padding.
+
+        ``run.eval_batches`` counts global batches, so the same samples are evaluated on any
+        number of ranks (``DistributedSampler`` would pad the last round with repeats).
+        """
         if val_ds is None or len(val_ds) == 0:  # type: ignore[arg-type]
             return None
-        sampler: DistributedSampler[Any] | None = None
-        if self.ctx.is_distributed:
-            sampler = DistributedSampler(
-                val_ds, self.ctx.world_size, self.ctx.rank, shuffle=False, drop_last=False
-            )
-        return DataLoader(val_ds, batch_size=cfg.per_device_batch_size, sampler=sampler)
+        size = len(val_ds)  # type: ignore[arg-type]
+        limit = self.job.run.eval_batches
+        if limit is not None:
+            size = min(size, limit * cfg.effective_batch_size)
+        shard = list(range(self.ctx.rank, size, self.ctx.world_size))
+        return DataLoader(val_ds, batch_size=cfg.per_device_batch_size, sampler=shard)
 
     def _resume(self, ckpt: CheckpointManager, run: _Run) -> int:
         """Loads the newest checkpoint, or refuses in one line (:class:`ResumeError`).

@@ -6,9 +6,13 @@ A :class:`Task` is a bundle of three factories and a loss, nothing more::
     model = task.build_model()                        # a fresh nn.Module, on the CPU
     train_set, val_set = task.build_data()            # map-style datasets of (inputs, targets)
     loss = task.loss_fn(model(inputs), targets)       # a 0-d tensor: the micro-batch *mean*
+    total, count = task.loss_sum(...)                 # or None: (sum, count) over scored targets
 
-The loss must be the mean over the micro-batch: the Trainer's global-batch arithmetic
-(``gpu_training.data``) relies on it. Every rank calls the factories itself.
+The loss is the mean over the micro-batch, or — when targets can be masked with an ignore
+index (-100) — a pair ``(sum over scored targets, their count)`` that the Trainer divides by
+the scored targets of the whole global batch (:mod:`gpu_training.step`): a per-micro-batch
+mean over masked targets would make the gradient depend on the split. User tasks train
+with :func:`cross_entropy_sum` by default. Every rank calls the factories itself.
 
 Users plug their own job in two ways:
 
@@ -59,10 +63,13 @@ from gpu_training.tasks import charlm
 
 __all__ = [
     "BUILTIN_TASKS",
+    "IGNORE_INDEX",
     "Task",
     "TaskError",
     "charlm_task",
+    "count_scored",
     "cross_entropy_loss",
+    "cross_entropy_sum",
     "resolve_import",
     "resolve_task",
     "task_from_imports",
@@ -106,8 +113,19 @@ class Task:
     build_data: Callable[[], DataPair]
     """Returns ``(train, val)`` map-style datasets of ``(inputs, targets)``; ``val`` may be None."""
 
-    loss_fn: Callable[[Tensor, Tensor], Tensor]
-    """``loss_fn(model(inputs), targets)``: a 0-d tensor, the mean over the micro-batch."""
+    loss_fn: Callable[[Tensor, Tensor], Any]
+    """``loss_fn(model(inputs), targets)``: a 0-d tensor, the mean over the micro-batch — or
+    a pair ``(sum over scored targets, their count)``, which the Trainer normalizes over the
+    whole global batch."""
+
+    loss_sum: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+    """The loss as ``(sum over scored targets, their count)``, when targets can be masked
+    (an ignore index): the Trainer trains with it, dividing by the scored targets of the whole
+    global batch, so the split over ranks and micro-steps does not change the gradient."""
+
+    count_targets: Callable[[Tensor], Tensor] | None = None
+    """Scored targets in a micro-batch's targets, for a ``(sum, count)`` loss (default:
+    those that are not ``IGNORE_INDEX``)."""
 
     describe: str = ""
     """One line for humans: what the model and data are."""
@@ -123,6 +141,40 @@ class Task:
 
 
 # --- losses ---------------------------------------------------------------------------------
+
+IGNORE_INDEX = -100
+"""The target value that marks a position as not scored (PyTorch's and Hugging Face's)."""
+
+
+def cross_entropy_sum(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-entropy summed over the scored targets, and their number.
+
+    The default training loss of user tasks: positions whose target is :data:`IGNORE_INDEX`
+    (padding, prompt tokens) are not scored, and the Trainer divides the sum by the scored
+    targets of the whole global batch. Shapes as :func:`cross_entropy_loss`.
+
+    Args:
+        outputs: Logits.
+        targets: Class ids, :data:`IGNORE_INDEX` where not scored.
+
+    Returns:
+        ``(sum, count)``: 0-d tensors (``count`` an integer tensor).
+
+    Example:
+        >>> import torch
+        >>> total, count = cross_entropy_sum(torch.zeros(1, 3, 4), torch.tensor([[1, 2, -100]]))
+        >>> int(count), round(float(total / count), 4)
+        (2, 1.3863)
+    """
+    if outputs.dim() == 3:
+        outputs, targets = outputs.reshape(-1, outputs.size(-1)), targets.reshape(-1)
+    total = F.cross_entropy(outputs, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total, count_scored(targets)
+
+
+def count_scored(targets: Tensor) -> Tensor:
+    """Targets that are scored (not :data:`IGNORE_INDEX`), as a 0-d integer tensor."""
+    return (targets != IGNORE_INDEX).sum()
 
 
 def cross_entropy_loss(outputs: Tensor, targets: Tensor) -> Tensor:
@@ -306,8 +358,11 @@ def task_from_imports(
         data: ``"pkg.mod:fn"``; ``fn(**data_kwargs)`` returns ``(train, val)`` datasets
             (``val`` may be ``None``) or a single training dataset. Each item is
             ``(inputs, targets)``.
-        loss: ``"pkg.mod:fn"`` with ``fn(outputs, targets) -> 0-d tensor`` (a micro-batch
-            mean); default :func:`cross_entropy_loss` (3-D outputs are ``(B, T, classes)``).
+        loss: ``"pkg.mod:fn"`` with ``fn(outputs, targets)`` returning a 0-d micro-batch mean
+            or ``(sum, count)`` over scored targets (normalized over the global batch by the
+            Trainer); default cross-entropy (:func:`cross_entropy_loss`, trained as
+            :func:`cross_entropy_sum`: targets of -100 are not scored; 3-D outputs are
+            ``(B, T, classes)``).
         model_kwargs: Keyword arguments for the model factory.
         data_kwargs: Keyword arguments for the data factory.
         name: Task name for logs (default: the model string).
@@ -362,6 +417,7 @@ def task_from_imports(
         build_model=build_model,
         build_data=build_data,
         loss_fn=loss_callable,
+        loss_sum=cross_entropy_sum if loss is None else None,
         describe=described,
     )
 

@@ -1,0 +1,162 @@
+"""One optimizer step over a global batch: the same math on any number of ranks.
+
+:func:`train_step` runs the ``A`` micro-batches one rank holds of a global batch and makes
+the gradient the Trainer applies independent of how the global batch is split:
+
+- **Randomness belongs to the sample.** Each micro-batch's forward and backward draw from
+  :func:`~gpu_training.rng.micro_batch_rng` keyed by (seed, step, the micro-batch's index in
+  the global batch), so dropout masks do not depend on the rank that computes them.
+- **The loss is normalized over the global batch.** A loss that returns ``(sum, count)`` —
+  the sum over scored targets and how many there are, e.g. with padding or prompt tokens
+  masked by an ignore index — is divided by the number of scored targets of the *whole*
+  global batch (all micro-batches, all ranks), counted before the step with one small
+  all-reduce. A mean per micro-batch would weight tokens by ``1 / (tokens in their
+  micro-batch)``, which changes with the split: the gradient-accumulation bug the Hugging
+  Face Trainer fixed in 2024 by passing ``num_items_in_batch``. A loss that returns a mean
+  keeps working, exactly as before (its micro-batches all hold ``B`` samples).
+
+:func:`sum_and_count` turns either kind of loss into a (sum, count) pair for evaluation.
+
+The default loss of user tasks is :func:`~gpu_training.tasks.cross_entropy_sum`.
+
+Example:
+    >>> import torch
+    >>> from gpu_training.tasks import cross_entropy_sum
+    >>> logits, targets = torch.zeros(2, 3, 4), torch.tensor([[1, 2, -100], [3, -100, -100]])
+    >>> total, count = sum_and_count(cross_entropy_sum(logits, targets), targets)
+    >>> int(count), round(float(total / count), 4)  # ln 4 per scored target
+    (3, 1.3863)
+    >>> [len(group) for group in step_batches(range(7), 3)]  # the short tail is dropped
+    [3, 3]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gpu_training.ddp import DistributedContext, move_to_device, reduce_scalar_dict
+from gpu_training.rng import micro_batch_rng
+from gpu_training.tasks import count_scored
+
+__all__ = ["LossOutput", "step_batches", "sum_and_count", "train_step"]
+
+LossOutput = Tensor | tuple[Tensor, Tensor]
+"""A 0-d micro-batch mean, or ``(sum over scored targets, their count)``."""
+
+
+def sum_and_count(output: LossOutput, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Any loss's output as ``(sum, count)``: a mean counts the micro-batch's samples.
+
+    Args:
+        output: What the loss returned: a 0-d mean, or ``(sum, count)``.
+        targets: The micro-batch's targets (their first dimension is the sample count).
+
+    Returns:
+        ``(sum, count)`` such that ``sum / count`` is the micro-batch's loss.
+    """
+    if isinstance(output, tuple):
+        return output[0], output[1]
+    n = targets.shape[0] if targets.dim() else 1
+    return output * n, torch.tensor(n)
+
+
+def step_batches(loader: Iterable[Any], accumulation: int) -> Iterator[list[Any]]:
+    """The loader's micro-batches grouped by optimizer step (``accumulation`` at a time).
+
+    The global-batch sampler yields whole steps only; a short tail is dropped.
+    """
+    group: list[Any] = []
+    for batch in loader:
+        group.append(batch)
+        if len(group) == accumulation:
+            yield group
+            group = []
+
+
+def train_step(
+    batches: Sequence[Any],
+    model: nn.Module,
+    loss_fn: Callable[[Any, Any], LossOutput],
+    steps: Any,
+    *,
+    ctx: DistributedContext,
+    device: torch.device,
+    seed: int,
+    step: int,
+    count_fn: Callable[[Tensor], Tensor] = count_scored,
+    check_counts: bool = False,
+) -> tuple[Tensor | None, list[Tensor]]:
+    """Forward and backward of this rank's micro-batches of one global batch, then the step.
+
+    Args:
+        batches: This rank's ``A`` micro-batches of ``(inputs, targets)`` (on the CPU or the
+            device), in the sampler's order.
+        model: The wrapped model.
+        loss_fn: ``loss_fn(model(inputs), targets)``: a 0-d mean, or ``(sum, count)``.
+        steps: The strategy's step functions (``sync``, ``autocast``, ``backward``,
+            ``step_async``: :class:`~gpu_training.strategy.prepared.StepFns`).
+        ctx: This rank.
+        device: Where the model runs.
+        seed: The run's seed (the micro-batch random streams derive from it).
+        step: Optimizer steps completed before this one.
+        count_fn: Scored targets of a micro-batch, for ``(sum, count)`` losses.
+        check_counts: Check that the counts the loss returns are ``count_fn``'s (one host
+            sync; the Trainer does it on its first step).
+
+    Returns:
+        ``(grad_norm, losses)``: the strategy's device-side gradient norm (None if the step
+        was skipped by the strategy) and one loss per micro-batch, scaled so that their mean
+        over micro-batches and ranks is the global batch's loss.
+
+    Raises:
+        ValueError: With ``check_counts``, if the loss's counts differ from ``count_fn``'s.
+    """
+    accumulation = len(batches)
+    first_index = ctx.rank * accumulation  # the sampler's layout is rank-major
+    on_cpu = device.type == "cpu"
+    total_count: Tensor | None = None
+    losses: list[Tensor] = []
+    norm: Tensor | None = None
+    for micro, batch in enumerate(batches):
+        inputs, targets = batch if on_cpu else move_to_device(batch, device)
+        with steps.sync(micro), micro_batch_rng(seed, step, first_index + micro, device):
+            with steps.autocast():
+                output = loss_fn(model(inputs), targets)
+            if isinstance(output, tuple):
+                if total_count is None:  # every rank reaches this at the same point
+                    total_count = _global_count(batches, count_fn, ctx)
+                if check_counts:
+                    _check_count(output[1], count_fn(batch[1]))
+                scale = accumulation * ctx.world_size / max(float(total_count), 1.0)
+                loss = output[0] * scale  # after 1/A and the ranks' mean: sum / global count
+            else:
+                loss = output
+            steps.backward(loss)
+        losses.append(loss.detach())
+        norm = steps.step_async(micro)
+    return norm, losses
+
+
+def _global_count(
+    batches: Sequence[Any], count_fn: Callable[[Tensor], Tensor], ctx: DistributedContext
+) -> Tensor:
+    """Scored targets in the whole global batch: this rank's, summed over the ranks."""
+    local = sum(int(count_fn(batch[1])) for batch in batches)
+    if not ctx.is_distributed:
+        return torch.tensor(float(local))
+    total = reduce_scalar_dict({"count": float(local)}, ctx, average=False)["count"]
+    return torch.tensor(total)
+
+
+def _check_count(returned: Tensor | int, counted: Tensor) -> None:
+    if int(returned) != int(counted):
+        raise ValueError(
+            f"the loss returned a count of {int(returned)} scored targets where count_targets "
+            f"finds {int(counted)}: a (sum, count) loss must count what the task's "
+            "count_targets counts (targets != -100 by default), or the global normalization "
+            "is wrong"
+        )
