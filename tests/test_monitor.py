@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gpu_training.cli import main
+from gpu_training.commands.monitor import EXIT_NO_GPU
 from gpu_training.monitor import (
     GPUProcess,
     GPUState,
@@ -304,20 +305,48 @@ def test_monitor_json_and_count(capsys: pytest.CaptureFixture[str]) -> None:
     assert [a["rule"] for a in snapshot["anomalies"]] == ["thermal_throttle"] * 2
 
 
-def test_monitor_without_gpu_says_so_in_one_line(
+def test_monitor_without_gpu_fails_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A health check runs `monitor --once`: no GPU must not read as success (exit 0)."""
     import gpu_training.monitor as monitor
 
     def no_gpu(nvml: Any = None) -> list[GPUState]:
         raise NoGPUError("no NVIDIA GPU found (NVML: not installed; nvidia-smi: not found)")
 
     monkeypatch.setattr(monitor, "query_gpus", no_gpu)
-    assert main(["monitor", "--once"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and out.startswith("no NVIDIA GPU found")
-    assert main(["monitor", "--once", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["gpus"] == []
+    for argv in (["--once"], ["--count", "3", "--interval", "0.01"], []):
+        assert main(["monitor", *argv]) == EXIT_NO_GPU == 1
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == (
+            "gpu-training: monitor: no NVIDIA GPU found (NVML: not installed; "
+            "nvidia-smi: not found)\n"
+        )
+    assert main(["monitor", "--once", "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["gpus"] == [] and document["message"].startswith("no NVIDIA GPU found")
+
+
+def test_monitor_replay_without_gpus_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    header = (FIXTURES / "healthy.csv").read_text().splitlines()[0]
+    for text in ("", header + "\n"):
+        replay = tmp_path / "none.csv"
+        replay.write_text(text)
+        assert main(["monitor", "--once", "--replay", str(replay)]) == 1
+        assert (
+            capsys.readouterr().err == f"gpu-training: monitor: no NVIDIA GPU listed in {replay}\n"
+        )
+
+
+def test_monitor_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["monitor", "--help"]) == 0
+    text = capsys.readouterr().out
+    epilog = text[text.index("exit status:") :].splitlines()
+    codes = [line.split()[0] for line in epilog[1:] if line[:3].strip()]
+    assert codes == ["0", "1", "2"]
+    assert "exits 1" in text and "no GPU to report on" in text
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,9 @@ __all__ = [
     "flops_per_token",
     "is_out_of_memory",
     "make_fits",
+    "margin_ceiling",
     "peak_tflops",
+    "per_device_batch_for_share",
     "profile_steps",
     "release_cached_memory",
     "search_max_batch_size",
@@ -161,6 +163,10 @@ def _validate(fits: object, min_batch: int, max_batch: int, safety_margin: float
     _check_positive_int("max_batch", max_batch)
     if min_batch > max_batch:
         raise ValueError(f"min_batch ({min_batch}) must be <= max_batch ({max_batch})")
+    _check_margin(safety_margin)
+
+
+def _check_margin(safety_margin: float) -> None:
     if (
         isinstance(safety_margin, bool)
         or not isinstance(safety_margin, (int, float))
@@ -359,6 +365,56 @@ def find_max_batch_size(
     """
     result = search_max_batch_size(fits, min_batch, max_batch, safety_margin, ctx=ctx)
     return result.recommended
+
+
+# --- a job's global batch ----------------------------------------------------------------
+
+
+def margin_ceiling(batch: int, safety_margin: float = 0.85) -> int:
+    """The smallest search ceiling at which ``batch`` can be recommended with the margin kept.
+
+    That is the least ``b`` with ``floor(safety_margin × b) >= batch``: when a search up to
+    ``b`` finds that ``b`` fits, ``batch`` fits with the margin's headroom, and searching
+    further only measures batches the job cannot use.
+
+    Raises:
+        ValueError: For a non-positive ``batch`` or a margin outside (0, 1].
+
+    Example:
+        >>> margin_ceiling(16, 0.85)  # floor(0.85 x 19) = 16, floor(0.85 x 18) = 15
+        19
+    """
+    _check_positive_int("batch", batch)
+    _check_margin(safety_margin)
+    return math.ceil(batch / Fraction(str(float(safety_margin))))
+
+
+def per_device_batch_for_share(share: int, recommended: int) -> int:
+    """The per-device batch for one rank's ``share`` of a job's global batch.
+
+    The whole share when it is at most ``recommended`` (the margin-kept batch that fits, a
+    :attr:`BatchSearchResult.recommended`): no accumulation, and a larger per-device batch is
+    of no use to the job, whose global batch is fixed. Otherwise the largest divisor of
+    ``share`` not above ``recommended``, so that ``share // batch`` accumulation steps make up
+    the share exactly.
+
+    Raises:
+        ValueError: For a non-positive argument.
+
+    Example:
+        >>> per_device_batch_for_share(16, recommended=3481)
+        16
+        >>> per_device_batch_for_share(16, recommended=13)  # 16 = 8 x 2 accumulation steps
+        8
+        >>> per_device_batch_for_share(12, recommended=5)
+        4
+    """
+    _check_positive_int("share", share)
+    _check_positive_int("recommended", recommended)
+    if share <= recommended:
+        return share
+    small = [d for d in range(1, math.isqrt(share) + 1) if share % d == 0]
+    return max(d for d in (*small, *(share // d for d in small)) if d <= recommended)
 
 
 # --- a ready-made probe --------------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 Finds the largest per-device batch of a job by running real training steps (binary search;
 an out-of-memory step counts as "does not fit"), or, with ``--gpu-memory``, by the estimate
-alone; then measures throughput (and MFU) at the recommended batch::
+alone. A job with a ``global_batch_size`` gets the answer in its own terms: the per-device
+batch that divides its per-rank share (the whole share when it fits with the safety margin),
+the accumulation that follows, and the ``--set`` that applies it; throughput (and MFU) is
+measured at that batch::
 
     $ gpu-training find-batch job.yaml --max-batch 512
     $ gpu-training find-batch job.yaml --gpu-memory 80 --gpus 8 --json   # estimate only
@@ -14,11 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_training.commands._sizing_inputs import (
+    MAX_BATCH,
+    MAX_GPUS,
     batch_factory,
+    bounded_int,
     parse_margin,
     parse_positive_float,
     parse_size,
@@ -26,21 +33,25 @@ from gpu_training.commands._sizing_inputs import (
 
 if TYPE_CHECKING:
     from gpu_training.job import JobConfig
+    from gpu_training.profiling import BatchSearchResult
 
 __all__ = ["register"]
+
+_MAX_THROUGHPUT_STEPS = 10_000
 
 
 def register(subparsers: Any) -> None:
     """Add ``find-batch`` to the ``gpu-training`` parser."""
-    from gpu_training.cli import _positive_int
-
+    batch = bounded_int(1, MAX_BATCH)
     find = subparsers.add_parser(
         "find-batch",
         help="the largest per-device batch of a job, and its throughput",
         description=(
             "Binary-search the largest per-device batch of CONFIG by running real training "
             "steps on this device (an out-of-memory step counts as too large), keep a safety "
-            "margin, then time a few steps at that batch (samples/s, tokens/s, MFU). With "
+            "margin, then time a few steps at that batch (samples/s, tokens/s, MFU). A job "
+            "with a global_batch_size is answered for that batch: the per-device batch that "
+            "divides each rank's share, its accumulation, and the --set to use. With "
             "--gpu-memory, search on the memory estimate instead (no steps run). Under "
             "torchrun every rank probes and all agree on the smallest result."
         ),
@@ -54,8 +65,8 @@ def register(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="override a field (repeatable)",
     )
-    find.add_argument("--min-batch", type=_positive_int, default=1, metavar="N")
-    find.add_argument("--max-batch", type=_positive_int, default=1024, metavar="N")
+    find.add_argument("--min-batch", type=batch, default=1, metavar="N")
+    find.add_argument("--max-batch", type=batch, default=1024, metavar="N")
     find.add_argument("--safety-margin", type=parse_margin, default=0.85, metavar="F")
     find.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     find.add_argument(
@@ -66,14 +77,14 @@ def register(subparsers: Any) -> None:
     )
     find.add_argument(
         "--gpus",
-        type=_positive_int,
+        type=bounded_int(1, MAX_GPUS),
         default=1,
         metavar="N",
         help="with --gpu-memory: GPUs the strategy shards over",
     )
     find.add_argument(
         "--throughput-steps",
-        type=int,
+        type=bounded_int(0, _MAX_THROUGHPUT_STEPS),
         default=3,
         metavar="N",
         help="steps timed at the recommended batch (0: skip)",
@@ -95,10 +106,6 @@ def _run_find_batch(args: argparse.Namespace) -> int:
         raise UsageError(
             f"find-batch: --min-batch ({args.min_batch}) must be <= --max-batch ({args.max_batch})"
         )
-    if args.throughput_steps < 0:
-        raise UsageError(
-            f"find-batch: --throughput-steps must be >= 0, got {args.throughput_steps}"
-        )
     import torch
 
     from gpu_training.job import load_job
@@ -117,6 +124,7 @@ def _run_find_batch(args: argparse.Namespace) -> int:
         raise UsageError("find-batch: --device cuda, but CUDA is not available")
     ctx = init_distributed()
     try:
+        share = _per_rank_share(job, ctx.world_size)
         device = resolve_device(ctx) if args.device != "cpu" else torch.device("cpu")
         torch.manual_seed(job.training.seed)
         model = task.build_model().to(device)
@@ -127,6 +135,7 @@ def _run_find_batch(args: argparse.Namespace) -> int:
             )
         except BatchSizeError as err:
             raise UsageError(f"find-batch: {err}") from None
+        for_job = _for_job(args, job, result, share, ctx.world_size)
         throughput = None
         if args.throughput_steps:
             throughput = _throughput(
@@ -135,7 +144,7 @@ def _run_find_batch(args: argparse.Namespace) -> int:
                 model,
                 make_batch,
                 task.loss_fn,
-                result.recommended,
+                for_job["per_device"] if for_job else result.recommended,
                 device,
                 ctx.world_size,
             )
@@ -147,15 +156,68 @@ def _run_find_batch(args: argparse.Namespace) -> int:
         "mode": "measured",
         "device": str(device),
         "world_size": ctx.world_size,
+        **_search_report(result),
+        "job": for_job,
+        "throughput": throughput,
+    }
+    _print_find(report, args)
+    return 0
+
+
+def _per_rank_share(job: JobConfig, world_size: int) -> int | None:
+    """Each rank's share of the job's global batch (None without one), before any search."""
+    from gpu_training.cli import UsageError
+    from gpu_training.config import global_batch_split_message
+
+    total = job.training.global_batch_size
+    if total is None:
+        return None
+    if total % world_size:
+        raise UsageError(
+            f"find-batch: training.global_batch_size {total} does not split over "
+            f"{world_size} ranks: {global_batch_split_message(total, 1, world_size)}"
+        )
+    return total // world_size
+
+
+def _for_job(
+    args: argparse.Namespace,
+    job: JobConfig,
+    result: BatchSearchResult,
+    share: int | None,
+    world_size: int,
+) -> dict[str, Any] | None:
+    """The search's answer for a job with a global batch: per-device, accumulation, command."""
+    from gpu_training.profiling import per_device_batch_for_share
+
+    if share is None:
+        return None
+    per_device = per_device_batch_for_share(share, result.recommended)
+    setting = f"training.per_device_batch_size={per_device}"
+    command = ["gpu-training", "train", args.config]
+    command += ["--nproc", str(world_size)] if world_size > 1 else []
+    for text in [*args.overrides, setting]:
+        command += ["--set", text]
+    return {
+        "global_batch": job.training.global_batch_size,
+        "world_size": world_size,
+        "per_rank": share,
+        "per_device": per_device,
+        "gradient_accumulation_steps": share // per_device,
+        "whole_share_fits": per_device == share,
+        "set": [setting],
+        "command": shlex.join(command),
+    }
+
+
+def _search_report(result: BatchSearchResult) -> dict[str, Any]:
+    return {
         "best_fitting": result.best_fitting,
         "recommended": result.recommended,
         "safety_margin": result.safety_margin,
         "probes": [list(p) for p in result.probes],
         "hit_max_batch": result.hit_max_batch,
-        "throughput": throughput,
     }
-    _print_find(report, args)
-    return 0
 
 
 def _find_by_estimate(
@@ -168,6 +230,7 @@ def _find_by_estimate(
     from gpu_training.profiling import BatchSizeError, search_max_batch_size
 
     spec = job.strategy
+    share = _per_rank_share(job, args.gpus)
     with torch.device("meta"):
         model = task.build_model()
     precision = job.training.precision if job.training.precision != "auto" else "bf16"
@@ -198,11 +261,8 @@ def _find_by_estimate(
         "mode": "estimated",
         "device": f"{args.gpus} x {format_bytes(args.gpu_memory)} GPU (estimate, nothing ran)",
         "world_size": args.gpus,
-        "best_fitting": result.best_fitting,
-        "recommended": result.recommended,
-        "safety_margin": result.safety_margin,
-        "probes": [list(p) for p in result.probes],
-        "hit_max_batch": result.hit_max_batch,
+        **_search_report(result),
+        "job": _for_job(args, job, result, share, args.gpus),
         "throughput": None,
     }
     _print_find(report, args)
@@ -264,14 +324,36 @@ def _print_find(report: dict[str, Any], args: argparse.Namespace) -> None:
         print(json.dumps(report, indent=2))
         return
     probes = " ".join(f"{b}{'' if ok else '!'}" for b, ok in report["probes"])
+    margin, recommended, job = report["safety_margin"], report["recommended"], report["job"]
     lines = [
         f"largest batch that fits: {report['best_fitting']} ({report['mode']} on "
         f"{report['device']}; probes: {probes}; ! = did not fit)",
-        f"recommended per-device batch: {report['recommended']} "
-        f"({report['safety_margin']:g} safety margin)",
     ]
-    if report["hit_max_batch"]:
+    if job is None:
+        lines.append(f"recommended per-device batch: {recommended} ({margin:g} safety margin)")
+    else:
+        ranks = f"{job['world_size']} rank{'s' if job['world_size'] != 1 else ''}"
+        share = f"{job['per_rank']} per rank (global batch {job['global_batch']} over {ranks})"
+        if job["whole_share_fits"]:
+            lines.append(
+                f"with the {margin:g} safety margin: {recommended} per device; this job "
+                f"needs {share}, so a per-device batch above {job['per_rank']} is of no use to it"
+            )
+        else:
+            lines.append(
+                f"with the {margin:g} safety margin: {recommended} per device, below this "
+                f"job's {share}: {job['per_device']}, the largest divisor of {job['per_rank']} "
+                f"up to {recommended}, with accumulation"
+            )
+        lines += [
+            f"recommended for this job: per-device {job['per_device']} x accumulation "
+            f"{job['gradient_accumulation_steps']} x {ranks} = global {job['global_batch']}",
+            *(f"  --set {text}" for text in job["set"]),
+            f"  {job['command']}",
+        ]
+    if report["hit_max_batch"] and (job is None or not job["whole_share_fits"]):
         lines.append("note: --max-batch itself fit: memory may allow more; raise --max-batch")
     if report["throughput"] is not None:
-        lines.append(f"throughput at {report['recommended']}: {report['throughput']['summary']}")
+        timed = job["per_device"] if job is not None else recommended
+        lines.append(f"throughput at {timed}: {report['throughput']['summary']}")
     print("\n".join(lines))

@@ -5,16 +5,32 @@ Reads NVML (the ``monitor`` extra) or ``nvidia-smi``; ``--replay`` reads recorde
 
     $ gpu-training monitor                 # live table, refreshed every 2 s (Ctrl-C stops)
     $ gpu-training monitor --once --json   # one snapshot for machines
+
+Exit status (:data:`EXIT_NO_GPU` for a health check to act on): 0 when the GPUs were read
+(anomalies are reported in the output, not in the status), 1 when there is no GPU to read
+(no NVIDIA GPU visible, or a replayed CSV that lists none), 2 for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["EXIT_NO_GPU", "register"]
+
+EXIT_NO_GPU = 1
+"""Exit status when there is no GPU to report on: a health check must not read it as success."""
+
+_EPILOG = f"""\
+exit status:
+  0  the GPUs were read (anomalies, if any, are in the output)
+  {EXIT_NO_GPU}  no GPU to report on: NVML and nvidia-smi see no NVIDIA GPU, or the --replay
+     CSV lists none; one line on stderr (with --json: {{"gpus": [], ...}} on stdout)
+  2  bad input: a flag, an unreadable or malformed --replay file
+"""
 
 
 def _interval(text: str) -> float:
@@ -22,8 +38,8 @@ def _interval(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    if not 0 < value <= 86_400:  # nan and inf fail too: a refresh that never comes is a hang
+        raise argparse.ArgumentTypeError(f"expected seconds > 0 and at most 86400, got {text!r}")
     return value
 
 
@@ -34,12 +50,14 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "monitor",
         help="live GPU table with anomaly checks (throttling, ECC, stragglers, GPU 0 pile-up)",
-        description=(
-            "Show every GPU's utilisation, memory, temperature, power and processes, and flag "
-            "memory near full, thermal or power throttling, ECC errors, a utilisation "
-            "imbalance (straggler), every process on GPU 0, and idle GPUs while others work. "
-            "Without a GPU it says so and exits 0."
+        description=(  # broken by hand: the raw formatter keeps the epilog's table as written
+            "Show every GPU's utilisation, memory, temperature, power and processes, and flag\n"
+            "memory near full, thermal or power throttling, ECC errors, a utilisation\n"
+            "imbalance (straggler), every process on GPU 0, and idle GPUs while others work.\n"
+            f"Without a GPU it says so in one line and exits {EXIT_NO_GPU}."
         ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--once", action="store_true", help="one snapshot, then exit")
     parser.add_argument("--json", action="store_true", help="JSON (one line per snapshot)")
@@ -61,8 +79,15 @@ def register(subparsers: Any) -> None:
 
 
 def _snapshot(args: argparse.Namespace) -> list[Any]:
+    """The GPUs' states; raises ``NoGPUError`` when there are none (a replay included)."""
     from gpu_training.cli import UsageError
-    from gpu_training.monitor import _with_processes, parse_apps_csv, parse_gpu_csv, query_gpus
+    from gpu_training.monitor import (
+        NoGPUError,
+        _with_processes,
+        parse_apps_csv,
+        parse_gpu_csv,
+        query_gpus,
+    )
 
     if args.replay is None:
         if args.replay_apps is not None:
@@ -77,6 +102,8 @@ def _snapshot(args: argparse.Namespace) -> list[Any]:
         raise UsageError(f"monitor: cannot read {err.filename}: {err.strerror}") from None
     except ValueError as err:
         raise UsageError(f"monitor: {args.replay}: {err}") from None
+    if not states:
+        raise NoGPUError(f"no NVIDIA GPU listed in {args.replay}")
     return states
 
 
@@ -137,8 +164,8 @@ def _run_monitor(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json.dumps({"gpus": [], "anomalies": [], "message": message}))
                 else:
-                    print(message)
-                return 0
+                    print(f"gpu-training: monitor: {message}", file=sys.stderr)
+                return EXIT_NO_GPU
             anomalies = detect_anomalies(states)
             done += 1
             if args.json:

@@ -9,6 +9,10 @@ launch command (``--json`` for machines)::
     $ gpu-training plan --params 7e9 --layers 32 --hidden 4096 --seq 4096 --vocab 32000 \\
           --arch llama --gpu-memory 80 --gpus 8 --global-batch 512
 
+With the hardware and the amount to train (``--gpu-type h100 --tokens 1e10``) it also prints
+the step time, tokens/s, hours and dollars of every strategy beside the memory table
+(:mod:`gpu_training.commands._plan_cost`, the model in :mod:`gpu_training.cost`).
+
 Its sibling ``gpu-training find-batch`` (:mod:`gpu_training.commands.find_batch`) finds the
 largest batch by running real steps instead of estimating.
 
@@ -20,16 +24,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_training.commands import _plan_cost
+
 # parse_size is public here too: users and tests import it from this module.
 from gpu_training.commands._sizing_inputs import (
+    MAX_BATCH,
+    MAX_DIMENSION,
+    MAX_GPUS,
     batch_factory,
+    bounded_int,
     parse_margin,
+    parse_number,
     parse_positive_float,
     parse_size,
 )
@@ -42,6 +53,15 @@ if TYPE_CHECKING:
 __all__ = ["parse_count", "parse_size", "register"]
 
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+_MAX_PARAMS = 10**15  # a thousand times today's largest models: beyond is a typo
+_JOB_FILE = "job.yaml"  # what the launch command of a task (not a job file) runs
+_HEAD = "HEAD_NODE:29500"
+_TRAINING_FLAGS = {  # plan flags that the printed job carries as training fields
+    "precision": "precision",
+    "lr": "learning_rate",
+    "base_batch": "base_batch_size",
+    "lr_scaling": "lr_scaling",
+}
 _JOB_SUFFIXES = (".yaml", ".yml", ".json")
 _PARTS = ("parameters", "gradients", "optimizer_state", "activations", "temporary")
 _LAUNCH_STRATEGY: dict[str, dict[str, Any]] = {
@@ -56,17 +76,17 @@ def parse_count(text: str) -> int:
     """A parameter count from ``7e9``, ``7B``, ``124M``, ``1.5b`` or ``124000000``.
 
     Raises:
-        argparse.ArgumentTypeError: For anything else, or a count below 1.
+        argparse.ArgumentTypeError: For anything else: a count below 1, ``inf``/``1e400``,
+            or more than 10¹⁵.
 
     Example:
         >>> parse_count("7e9"), parse_count("124M"), parse_count("1.5B")
         (7000000000, 124000000, 1500000000)
     """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbtKMBT]?)\s*", text)
-    value = round(float(match.group(1)) * _COUNT_SUFFIX[match.group(2).lower()]) if match else 0
-    if value < 1:
+    value = parse_number(text, _COUNT_SUFFIX)
+    if value is None or not 1 <= value <= _MAX_PARAMS:
         raise argparse.ArgumentTypeError(
-            f"expected a positive count such as 7e9, 7B or 124M, got {text!r}"
+            f"expected a positive count up to 1e15, such as 7e9, 7B or 124M, got {text!r}"
         )
     return value
 
@@ -76,8 +96,9 @@ def parse_count(text: str) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``plan`` to the ``gpu-training`` parser."""
-    from gpu_training.cli import _positive_int
-
+    dimension = bounded_int(1, MAX_DIMENSION)
+    gpus = bounded_int(1, MAX_GPUS)
+    batch = bounded_int(1, MAX_BATCH)
     plan = subparsers.add_parser(
         "plan",
         help="what fits in GPU memory, which strategy, batch, LR and launch command",
@@ -107,27 +128,27 @@ def register(subparsers: Any) -> None:
     )
     shape = plan.add_argument_group("transformer shape (instead of MODEL)")
     shape.add_argument("--params", type=parse_count, metavar="N", help="parameters: 7e9, 124M")
-    shape.add_argument("--layers", type=_positive_int, metavar="L")
-    shape.add_argument("--hidden", type=_positive_int, metavar="H", help="hidden size")
-    shape.add_argument("--heads", type=_positive_int, metavar="A", help="default hidden / 64")
-    shape.add_argument("--kv-heads", type=_positive_int, metavar="K", help="grouped-query KV heads")
-    shape.add_argument("--seq", type=_positive_int, metavar="T", help="sequence length (2048)")
-    shape.add_argument("--vocab", type=_positive_int, metavar="V", help="vocabulary (50257)")
-    shape.add_argument("--ffn", type=_positive_int, metavar="F", help="MLP width")
+    shape.add_argument("--layers", type=dimension, metavar="L")
+    shape.add_argument("--hidden", type=dimension, metavar="H", help="hidden size")
+    shape.add_argument("--heads", type=dimension, metavar="A", help="default hidden / 64")
+    shape.add_argument("--kv-heads", type=dimension, metavar="K", help="grouped-query KV heads")
+    shape.add_argument("--seq", type=dimension, metavar="T", help="sequence length (2048)")
+    shape.add_argument("--vocab", type=dimension, metavar="V", help="vocabulary (50257)")
+    shape.add_argument("--ffn", type=dimension, metavar="F", help="MLP width")
     shape.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
     hw = plan.add_argument_group("hardware and training")
     hw.add_argument(
         "--gpu-memory", type=parse_size, required=True, metavar="SIZE", help="per GPU: 80, 80GB"
     )
-    hw.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="GPUs in all")
-    hw.add_argument("--gpus-per-node", type=_positive_int, metavar="N", help="default min(N, 8)")
-    hw.add_argument("--global-batch", type=_positive_int, metavar="G", help="samples per step")
-    hw.add_argument("--micro-batch", type=_positive_int, metavar="B", help="per-device batch")
+    hw.add_argument("--gpus", type=gpus, default=1, metavar="N", help="GPUs in all")
+    hw.add_argument("--gpus-per-node", type=gpus, metavar="N", help="default min(N, 8)")
+    hw.add_argument("--global-batch", type=batch, metavar="G", help="samples per step")
+    hw.add_argument("--micro-batch", type=batch, metavar="B", help="per-device batch")
     hw.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"))
     hw.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd_momentum"))
     hw.add_argument("--activation-checkpointing", choices=("auto", "on", "off"), default="auto")
     hw.add_argument("--lr", type=parse_positive_float, metavar="LR", help="learning rate as tuned")
-    hw.add_argument("--base-batch", type=_positive_int, metavar="N", help="batch it was tuned at")
+    hw.add_argument("--base-batch", type=batch, metavar="N", help="batch it was tuned at")
     hw.add_argument("--lr-scaling", choices=("linear", "sqrt", "none"))
     hw.add_argument("--safety-margin", type=parse_margin, default=0.85, metavar="F")
     hw.add_argument(
@@ -138,6 +159,7 @@ def register(subparsers: Any) -> None:
         help="per GPU: CUDA context and slack (500MiB)",
     )
     hw.add_argument("--script", default="train.py", help="training script for the command")
+    _plan_cost.add_arguments(plan)
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(_run=_run_plan)
 
@@ -155,6 +177,13 @@ class _Subject:
     optimizer: str
     job: JobConfig | None = None
     job_path: str | None = None
+    """The job file measured: the launch command runs it, with the plan's ``--set``."""
+    job_sections: dict[str, Any] | None = None
+    """For a task (not a job file): the ``task`` / ``task_options`` of a job that trains it."""
+    flops_per_token: float | None = None
+    """Training FLOPs per token, for the time and cost (None: the task gives none)."""
+    flops_source: str = ""
+    tokens_per_sample: int | None = None
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -204,7 +233,17 @@ def _subject(args: argparse.Namespace) -> _Subject:
             f"{shape.arch} transformer, {shape.num_layers} layers x {shape.hidden_size} hidden, "
             f"{shape.heads} heads, seq {shape.seq_len}, vocab {shape.vocab_size}"
         )
-        return _Subject(profile, described, precision, optimizer)
+        from gpu_training.cost import shape_flops_per_token
+
+        return _Subject(
+            profile,
+            described,
+            precision,
+            optimizer,
+            flops_per_token=shape_flops_per_token(shape, profile.num_params),
+            flops_source="6N + 12LHQT of the shape (N without the embedding lookups)",
+            tokens_per_sample=shape.seq_len,
+        )
     if shape_flags or args.params is not None:
         raise UsageError(
             "plan: give either MODEL or a shape (--params/--layers/--hidden), not both"
@@ -214,16 +253,23 @@ def _subject(args: argparse.Namespace) -> _Subject:
     from gpu_training.tasks import resolve_task, task_from_imports
 
     job = None
+    options = _options(args.task_options)
+    sections: dict[str, Any] | None = {"task": args.model}
     if Path(args.model).suffix.lower() in _JOB_SUFFIXES:
         from gpu_training.job import load_job
         from gpu_training.trainer import build_task
 
         job = load_job(args.model)
         task = build_task(job)
+        sections = None
     elif args.data is not None:
-        task = task_from_imports(args.model, args.data, model_kwargs=_options(args.task_options))
+        task = task_from_imports(args.model, args.data, model_kwargs=options)
+        # A job file cannot hand options to a model factory: then the launch is a script's.
+        sections = None if options else {"task": {"model": args.model, "data": args.data}}
     else:
-        task = resolve_task(args.model, _options(args.task_options))
+        task = resolve_task(args.model, options)
+        if options:
+            sections = {"task": args.model, "task_options": options}
     precision = args.precision or (
         job.training.precision if job is not None and job.training.precision != "auto" else "bf16"
     )
@@ -242,7 +288,19 @@ def _subject(args: argparse.Namespace) -> _Subject:
     except MemoryBudgetError as err:
         raise UsageError(f"plan: {err}") from None
     described = task.describe or task.name
-    return _Subject(profile, described, precision, optimizer, job, args.model)
+    job_path = args.model if job is not None else None
+    return _Subject(
+        profile,
+        described,
+        precision,
+        optimizer,
+        job,
+        job_path,
+        sections,
+        flops_per_token=task.flops_per_token,
+        flops_source=f"the task's flops_per_token ({task.name})",
+        tokens_per_sample=task.tokens_per_sample,
+    )
 
 
 # --- the plan --------------------------------------------------------------------------------
@@ -306,9 +364,15 @@ def _plan_batch(
 ) -> _Batch:
     from gpu_training.cli import UsageError
     from gpu_training.config import global_batch_split_message
-    from gpu_training.profiling import BatchSizeError, search_max_batch_size
+    from gpu_training.profiling import (
+        BatchSizeError,
+        margin_ceiling,
+        per_device_batch_for_share,
+        search_max_batch_size,
+    )
 
     n = args.gpus
+    margin = args.safety_margin
     global_batch = args.global_batch
     if global_batch is None and subject.job is not None:
         global_batch = subject.job.training.global_batch_size
@@ -329,11 +393,18 @@ def _plan_batch(
         )
         return est.total <= args.gpu_memory
 
-    ceiling = per_rank if per_rank is not None else max(args.micro_batch or 1, 4096)
+    # With a global batch, search just far enough to know whether the per-GPU share fits
+    # with the margin kept: a larger per-device batch is of no use to this job.
+    ceiling = (
+        margin_ceiling(per_rank, margin)
+        if per_rank is not None
+        else max(args.micro_batch or 1, 4096)
+    )
     try:
-        found = search_max_batch_size(fits, 1, ceiling, args.safety_margin)
+        found = search_max_batch_size(fits, 1, ceiling, margin)
     except BatchSizeError:
         found = None
+    largest = found.best_fitting if found else None
     if args.micro_batch is not None:
         micro = args.micro_batch
         if per_rank is not None and per_rank % micro:
@@ -346,24 +417,24 @@ def _plan_batch(
             note += " (does NOT fit by the estimate)"
     elif found is None:
         micro, note = 1, "even a per-device batch of 1 does not fit by the estimate"
+    elif per_rank is None:
+        micro = found.recommended
+        note = f"largest per-device batch that fits: {found.best_fitting}"
+        note += " (the search ceiling)" if found.hit_max_batch else ""
+        note += f"; {margin:g} margin -> {found.recommended}"
     else:
-        limit = found.recommended
-        micro = (
-            limit if per_rank is None else max(d for d in range(1, limit + 1) if per_rank % d == 0)
-        )
-        if found.hit_max_batch and per_rank is not None:
-            note = f"the whole per-GPU share of {per_rank} fits"
+        micro = per_device_batch_for_share(per_rank, found.recommended)
+        if micro == per_rank:
+            note = f"the whole per-GPU share of {per_rank} fits with the {margin:g} margin"
         else:
-            note = f"largest per-device batch that fits: {found.best_fitting}"
-            note += " (the search ceiling)" if found.hit_max_batch else ""
-        note += f"; {args.safety_margin:g} margin -> {found.recommended}"
-        if micro != found.recommended:
-            note += f"; {micro} divides the per-GPU share {per_rank}"
+            note = (
+                f"the per-GPU share of {per_rank} does not fit with the {margin:g} margin: "
+                f"largest per-device batch that fits: {found.best_fitting}; {margin:g} margin "
+                f"-> {found.recommended}; {micro} divides the share"
+            )
     if per_rank is None:
-        return _Batch(micro, 1, micro * n, found.best_fitting if found else None, note)
-    return _Batch(
-        micro, per_rank // micro, global_batch, found.best_fitting if found else None, note
-    )
+        return _Batch(micro, 1, micro * n, largest, note)
+    return _Batch(micro, per_rank // micro, per_rank * n, largest, note)
 
 
 def _learning_rate(
@@ -386,13 +457,28 @@ def _learning_rate(
     }
 
 
+def _setting(value: Any) -> str:
+    """A value as ``--set`` and the job file write it (YAML: ``true``, not ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass
+class _Launch:
+    strategy: dict[str, Any]
+    """The job file's ``strategy`` section."""
+    commands: list[str]
+    """Shell command lines: one, or one per node for a script launched with torchrun."""
+    job_file: dict[str, Any] | None = None
+    """For a task: the content of :data:`_JOB_FILE`, which the command trains."""
+
+
 def _launch(
     subject: _Subject,
     args: argparse.Namespace,
     layout: str,
     checkpointing: bool,
     batch: _Batch,
-) -> tuple[dict[str, Any], list[str]]:
+) -> _Launch:
     from gpu_training.launcher import multi_node_commands, single_node_command
 
     strategy = dict(_LAUNCH_STRATEGY[layout])
@@ -400,24 +486,39 @@ def _launch(
         strategy["activation_checkpointing"] = True
     per_node = args.gpus_per_node or min(args.gpus, 8)
     nnodes = math.ceil(args.gpus / per_node)
-    if subject.job_path is not None and nnodes == 1:
-        sets = [
-            f"strategy.{k}={str(v).lower() if isinstance(v, bool) else v}"
-            for k, v in strategy.items()
-        ]
-        sets += [
-            f"training.per_device_batch_size={batch.micro}",
-            f"training.global_batch_size={batch.global_batch}",
-        ]
-        command = f"gpu-training train {subject.job_path} --nproc {per_node} " + " ".join(
-            f"--set {s}" for s in sets
+    if subject.job_path is None and subject.job_sections is None:  # a shape: the user's script
+        if nnodes == 1:
+            return _Launch(strategy, [single_node_command(args.script, per_node)])
+        return _Launch(
+            strategy,
+            multi_node_commands(
+                args.script, nnodes=nnodes, nproc_per_node=per_node, rdzv_endpoint=_HEAD
+            ),
         )
-        return strategy, [command]
-    if nnodes == 1:
-        return strategy, [single_node_command(args.script, per_node)]
-    return strategy, multi_node_commands(
-        args.script, nnodes=nnodes, nproc_per_node=per_node, rdzv_endpoint="HEAD_NODE:29500"
-    )
+    training: dict[str, Any] = {
+        "per_device_batch_size": batch.micro,
+        "global_batch_size": batch.global_batch,
+    }
+    # What the plan was told that the job would not otherwise know.
+    for flag, name in _TRAINING_FLAGS.items():
+        if getattr(args, flag) is not None:
+            training[name] = getattr(args, flag)
+    job_file = None
+    if subject.job_path is not None:
+        target = subject.job_path
+        sets = [f"strategy.{k}={_setting(v)}" for k, v in strategy.items()]
+        sets += [f"training.{k}={_setting(v)}" for k, v in training.items()]
+    else:
+        assert subject.job_sections is not None  # checked above
+        target, sets = _JOB_FILE, []
+        job_file = {**subject.job_sections, "training": training, "strategy": strategy}
+    where = ["--nproc", str(per_node)]
+    if nnodes > 1:  # `launch` starts torchrun as one node of the rendezvous; run it on each
+        where += ["--nnodes", str(nnodes), "--rdzv-endpoint", _HEAD]
+    command = ["gpu-training", "train" if nnodes == 1 else "launch"]
+    command += [target, *where] if nnodes == 1 else [*where, target]
+    command += [part for text in sets for part in ("--set", text)]
+    return _Launch(strategy, [shlex.join(command)], job_file)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -434,6 +535,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             f"plan: --overhead ({format_bytes(args.overhead)}) must be below --gpu-memory "
             f"({format_bytes(args.gpu_memory)})"
         )
+    cost = _plan_cost.cost_request(args)  # bad hardware input answers before any measuring
     subject = _subject(args)
     p = subject.profile
     probe = args.micro_batch or 1
@@ -461,7 +563,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         for c in CANDIDATES
     }
     lr = _learning_rate(subject, args, batch.global_batch)
-    strategy, commands = _launch(subject, args, layout, checkpointing, batch)
+    launch = _launch(subject, args, layout, checkpointing, batch)
     result = {
         "model": subject.description,
         "num_params": p.num_params,
@@ -486,7 +588,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             "fits": choice.fits,
             "min_gpus_full_sharding": choice.min_gpus,
             "reason": choice.reason,
-            "strategy_config": strategy,
+            "strategy_config": launch.strategy,
         },
         "batch": {
             "per_device": batch.micro,
@@ -496,8 +598,28 @@ def _run_plan(args: argparse.Namespace) -> int:
             "note": batch.note,
         },
         "learning_rate": lr,
-        "launch": commands,
+        "launch": launch.commands,
+        "job_file": launch.job_file,
     }
+    result["time"] = None
+    if cost is not None:
+        result["time"] = _plan_cost.cost_section(
+            cost,
+            num_params=p.num_params,
+            trainable_params=p.trainable_params,
+            flops_per_token=subject.flops_per_token,
+            flops_source=subject.flops_source,
+            tokens_per_sample=subject.tokens_per_sample,
+            micro_batch=batch.micro,
+            accumulation=batch.accumulation,
+            gpus=args.gpus,
+            gpus_per_node=args.gpus_per_node,
+            precision=p.precision,
+            activation_checkpointing=checkpointing,
+            fits={c: row["fits"] for c, row in result["candidates"].items()},
+            gpu_memory=args.gpu_memory,
+        )
+    result["plot"] = _plan_cost.write_plot(args.plot, result) if args.plot else None
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -510,6 +632,13 @@ def _count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
     return str(n)
+
+
+def _flow_yaml(data: dict[str, Any]) -> str:
+    """``data`` as one line of YAML (flow style): a job file that fits on a line."""
+    import yaml
+
+    return str(yaml.safe_dump(data, default_flow_style=True, sort_keys=False, width=2**31)).strip()
 
 
 def _render(r: dict[str, Any], args: argparse.Namespace) -> str:
@@ -543,6 +672,8 @@ def _render(r: dict[str, Any], args: argparse.Namespace) -> str:
             "(totals are the step's peak: activations are freed as gradients appear, so the "
             "parts can add up to more)"
         )
+    if r["time"] is not None:
+        lines += ["", *_plan_cost.render(r["time"])]
     rec = r["recommended"]
     name = {"none": "single GPU", "ddp": "DDP", "fsdp": "FSDP"}.get(rec["strategy"])
     if name is None:
@@ -565,12 +696,20 @@ def _render(r: dict[str, Any], args: argparse.Namespace) -> str:
             f"learning rate: {lr['lr']:.4g} ({lr['rule']} scaling of {lr['base_lr']:g} from "
             f"batch {lr['base_batch']} to {lr['global_batch']})"
         )
-    lines.append("launch:")
+    per_node = args.gpus_per_node or min(args.gpus, 8)
+    nnodes = math.ceil(args.gpus / per_node)
+    if len(r["launch"]) == 1 and nnodes > 1:
+        lines.append(
+            f"launch (the same line on each of the {nnodes} nodes; HEAD_NODE: the first one):"
+        )
+    else:
+        lines.append("launch:")
     lines += [f"  {c}" for c in r["launch"]]
-    config = ", ".join(
-        f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in rec["strategy_config"].items()
-    )
-    lines.append(f"  job file: strategy: {{{config}}}")
+    if r["job_file"] is not None:
+        lines.append(f"  {_JOB_FILE}: {_flow_yaml(r['job_file'])}")
+    else:
+        lines.append(f"  job file: strategy: {_flow_yaml(rec['strategy_config'])}")
     lines += [f"note: {n}" for n in r["notes"]]
+    if r["plot"] is not None:
+        lines.append(f"plot: {r['plot']}")
     return "\n".join(lines)
