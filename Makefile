@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 # Every optional extra that works on a CPU, so no feature's tests are skipped in CI.
-EXTRAS ?= dev,monitor,plot,tensorboard
+EXTRAS ?= dev,monitor,plot,tensorboard,trackers
 NPROC ?= 2
 PYTEST_ARGS ?=
 
@@ -15,7 +15,7 @@ help:
 	@echo "make test      run the whole test suite"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
-	@echo "make bench     checkpoint, Trainer, memory-estimate, batch-finder and start-up benchmarks"
+	@echo "make bench     checkpoint, Trainer, memory-estimate, batch-finder, start-up and tracker benchmarks"
 	@echo "make bench-gpu GPT-2 124M shape on one GPU: tokens/s, MFU, memory; then the GPU tests"
 
 $(BIN)/python:
@@ -66,6 +66,7 @@ bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_memory.py
 	$(BIN)/python benchmarks/bench_batch_finder.py
 	$(BIN)/python benchmarks/bench_startup.py
+	$(BIN)/python benchmarks/bench_trackers.py
 
 # One prepared run for a GPU machine (< 8 min): the GPU benchmark, then the GPU tier of tests.
 # On a machine whose python already has a CUDA torch and no package index to install from

@@ -46,12 +46,25 @@ from gpu_training.config import (
 from gpu_training.strategy.spec import StrategyConfig
 
 __all__ = [
+    "TRACKER_NAMES",
     "CheckpointSpec",
     "JobConfig",
     "RunSpec",
     "TaskSpec",
+    "TrackerSpec",
     "load_job",
 ]
+
+TRACKER_NAMES = ("jsonl", "tensorboard", "wandb", "mlflow")
+"""The names ``run.trackers`` accepts."""
+
+_TRACKER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "project": ("wandb", "mlflow"),
+    "run_name": ("wandb", "mlflow"),
+    "mode": ("wandb",),
+    "tracking_uri": ("mlflow",),
+}
+_WANDB_MODES = ("offline", "online")
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -134,6 +147,117 @@ class CheckpointSpec:
 
 
 @dataclass
+class TrackerSpec:
+    """One entry of ``run.trackers``: a tracker's name and its options.
+
+    In a job file an entry is a name (``wandb``) or a mapping with ``name`` and options
+    (``{name: mlflow, tracking_uri: "http://mlflow:5000"}``).
+
+    Example:
+        >>> TrackerSpec.from_entry({"name": "wandb", "project": "lm"}, 0).to_entry()
+        {'name': 'wandb', 'project': 'lm'}
+        >>> TrackerSpec("mlfow")
+        Traceback (most recent call last):
+        ...
+        gpu_training.config.ConfigError: field 'run.trackers': unknown tracker 'mlfow' (did you mean 'mlflow'?); expected one of jsonl, tensorboard, wandb, mlflow
+    """
+
+    name: str
+    """``jsonl`` (``metrics.jsonl``, always written), ``tensorboard``, ``wandb`` or ``mlflow``."""
+
+    project: str | None = None
+    """wandb: the project; mlflow: the experiment (default ``gpu-training`` for both)."""
+
+    run_name: str | None = None
+    """wandb, mlflow: the run's display name (default: the output directory's name)."""
+
+    mode: str | None = None
+    """wandb: ``offline`` (the default: files under ``<run.output_dir>/wandb``, uploaded later
+    by ``wandb sync``) or ``online``."""
+
+    tracking_uri: str | None = None
+    """mlflow: where runs go (default ``file:<run.output_dir>/mlruns``, a local store; or a
+    server's ``http://`` address, or a ``sqlite:`` database)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or self.name not in TRACKER_NAMES:
+            close = difflib.get_close_matches(str(self.name), TRACKER_NAMES, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"field 'run.trackers': unknown tracker {self.name!r}{hint}; expected one of "
+                f"{', '.join(TRACKER_NAMES)}",
+                "run.trackers",
+            )
+        for option, owners in _TRACKER_OPTIONS.items():
+            value = getattr(self, option)
+            if value is None:
+                continue
+            where = f"field 'run.trackers': {self.name} option '{option}'"
+            if self.name not in owners:
+                raise ConfigError(
+                    f"{where} is not one of its options ({option} is for {' and '.join(owners)})",
+                    "run.trackers",
+                )
+            if not isinstance(value, str) or not value:
+                raise ConfigError(
+                    f"{where}: expected a non-empty string, got {value!r}", "run.trackers"
+                )
+        if self.mode is not None and self.mode not in _WANDB_MODES:
+            raise ConfigError(
+                f"field 'run.trackers': wandb option 'mode': expected one of "
+                f"{', '.join(_WANDB_MODES)}, got {self.mode!r}",
+                "run.trackers",
+            )
+
+    @classmethod
+    def from_entry(cls, entry: object, index: int) -> TrackerSpec:
+        """A spec from a job file's entry: a name, a mapping with ``name``, or a spec.
+
+        Args:
+            entry: The entry as parsed from YAML.
+            index: Its position in the list (for the error message).
+
+        Raises:
+            ConfigError: Naming ``run.trackers`` for an unknown name or option.
+        """
+        if isinstance(entry, TrackerSpec):
+            return entry
+        if isinstance(entry, str):
+            return cls(name=entry)
+        if isinstance(entry, Mapping):
+            names = [f.name for f in dataclasses.fields(cls)]
+            for key in entry:
+                if key not in names:
+                    close = difflib.get_close_matches(str(key), names, n=1)
+                    hint = f" (did you mean '{close[0]}'?)" if close else ""
+                    raise ConfigError(
+                        f"field 'run.trackers': unknown option '{key}' in entry {index}{hint}",
+                        "run.trackers",
+                    )
+            if "name" not in entry:
+                raise ConfigError(
+                    f"field 'run.trackers': entry {index} has no 'name' (one of "
+                    f"{', '.join(TRACKER_NAMES)})",
+                    "run.trackers",
+                )
+            return cls(**{str(k): v for k, v in entry.items()})
+        raise ConfigError(
+            f"field 'run.trackers': entry {index} must be a tracker name or a mapping with "
+            f"'name', got {entry!r}",
+            "run.trackers",
+        )
+
+    def to_entry(self) -> str | dict[str, str]:
+        """The job-file form: the bare name when no option is set."""
+        options = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return self.name if len(options) == 1 else options
+
+
+def _default_trackers() -> list[TrackerSpec]:
+    return [TrackerSpec("jsonl"), TrackerSpec("tensorboard")]
+
+
+@dataclass
 class RunSpec:
     """Outputs, logging and evaluation."""
 
@@ -154,8 +278,17 @@ class RunSpec:
     progress: bool = True
     """Show a progress bar (rank 0 only, and only on a terminal)."""
 
+    trackers: list[TrackerSpec] = field(default_factory=_default_trackers)
+    """Where metrics go, rank 0 only: ``jsonl`` (``metrics.jsonl``, always written),
+    ``tensorboard`` (when the extra is installed), ``wandb`` (offline by default) and
+    ``mlflow`` (a local store by default); the last two need the ``trackers`` extra, log the
+    job and the environment as the run's parameters, and continue the same run on resume
+    (its id is kept in the checkpoint). Entries are names or mappings with options
+    (:class:`TrackerSpec`). A tracker that fails warns once and training goes on."""
+
     tensorboard: bool = True
-    """Write TensorBoard events when the ``tensorboard`` extra is installed."""
+    """``false`` leaves ``tensorboard`` out of ``run.trackers`` (the older spelling); after
+    checking, true exactly when ``run.trackers`` lists it."""
 
     plot: bool = True
     """Draw ``loss.png`` at the end when the ``plot`` extra is installed."""
@@ -178,6 +311,8 @@ class RunSpec:
         _check_optional_int("run.eval_batches", self.eval_batches, 1)
         for name in ("progress", "tensorboard", "plot", "compile"):
             _check_bool(f"run.{name}", getattr(self, name))
+        self.trackers = _check_trackers(self.trackers, tensorboard=self.tensorboard)
+        self.tensorboard = any(t.name == "tensorboard" for t in self.trackers)
         if self.tf32 is not None:
             _check_bool("run.tf32", self.tf32)
         if self.peak_tflops is not None and (
@@ -189,6 +324,21 @@ class RunSpec:
                 f"field 'run.peak_tflops': expected a number > 0, got {self.peak_tflops!r}",
                 "run.peak_tflops",
             )
+
+
+def _check_trackers(raw: object, *, tensorboard: bool) -> list[TrackerSpec]:
+    if not isinstance(raw, (list, tuple)):
+        raise ConfigError(
+            f"field 'run.trackers': expected a list of tracker names, got {raw!r}", "run.trackers"
+        )
+    specs = [TrackerSpec.from_entry(entry, i) for i, entry in enumerate(raw)]
+    names = [s.name for s in specs]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"field 'run.trackers': '{name}' is listed twice", "run.trackers")
+    if not tensorboard:  # the older switch wins: false has always meant no events
+        specs = [s for s in specs if s.name != "tensorboard"]
+    return specs
 
 
 _SECTIONS: dict[str, type] = {
@@ -237,7 +387,10 @@ class JobConfig:
             "training": self.training.to_dict(),
             "strategy": dataclasses.asdict(self.strategy),
             "checkpoint": dataclasses.asdict(self.checkpoint),
-            "run": dataclasses.asdict(self.run),
+            "run": {
+                **dataclasses.asdict(self.run),
+                "trackers": [t.to_entry() for t in self.run.trackers],
+            },
         }
 
     def math_settings(self) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Only rank 0 reports. :class:`MetricsWriter` appends one JSON object per event to
 ``metrics.jsonl`` (a resumed run continues the same file, first cutting it back to the step
 it resumed from, so every step appears once), mirrors scalars to TensorBoard
-when the ``tensorboard`` extra is installed, and :func:`plot_metrics` draws loss and
-throughput curves to a PNG with the ``plot`` extra.
+when the ``tensorboard`` extra is installed and to the experiment trackers of
+``run.trackers`` (:mod:`gpu_training.trackers`: W&B, MLflow), and :func:`plot_metrics` draws
+loss and throughput curves to a PNG with the ``plot`` extra.
 
 Example:
     >>> import tempfile, pathlib
@@ -20,28 +21,40 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpu_training.job import TrackerSpec
+    from gpu_training.trackers import TrackerSet
 
 __all__ = ["MetricsWriter", "plot_metrics", "read_metrics"]
 
 
 class MetricsWriter:
-    """Append-only metrics on rank 0: ``metrics.jsonl`` plus optional TensorBoard events.
+    """Append-only metrics on rank 0: ``metrics.jsonl``, TensorBoard events, and trackers.
 
     A run that crashed after its last checkpoint had logged steps it will train again. With
     ``resume_step`` the file is first cut back to the records of steps ``<= resume_step``
     (rewritten atomically) and TensorBoard hides its later events (``purge_step``), so every
-    step appears once, whatever the number of restarts.
+    step appears once, whatever the number of restarts. Trackers that continue a kept run
+    skip the steps the file dropped (they cannot take values back).
 
     Args:
-        output_dir: Where ``metrics.jsonl`` (and ``tensorboard/``) go; created if missing.
+        output_dir: Where ``metrics.jsonl`` (and ``tensorboard/``, ``wandb/``, ``mlruns/``)
+            go; created if missing.
         tensorboard: Also write TensorBoard scalars when the package is importable.
         enabled: False on ranks other than 0: every method is then a no-op.
         resume_step: The step the run continues from (0 for a fresh start), or None to
             append to the file as it is.
+        trackers: ``run.trackers``: ``wandb`` and ``mlflow`` entries are started here
+            (:func:`~gpu_training.trackers.open_trackers`); ``jsonl`` and ``tensorboard``
+            entries are this writer's own outputs (``tensorboard`` is the switch for those).
+        params: The trackers' run parameters (``{"job": ..., "environment": ...}``).
+        run_ids: Tracker run ids kept in the checkpoint being resumed: those runs continue.
     """
 
     def __init__(
@@ -51,16 +64,32 @@ class MetricsWriter:
         tensorboard: bool = True,
         enabled: bool = True,
         resume_step: int | None = None,
+        trackers: Sequence[TrackerSpec] = (),
+        params: Mapping[str, Any] | None = None,
+        run_ids: Mapping[str, str] | None = None,
     ) -> None:
         self.enabled = enabled
         self.path = Path(output_dir) / "metrics.jsonl"
         self._tb: Any = None
+        self._trackers: TrackerSet | None = None
+        self._kept_ids = dict(run_ids or {})
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        dropped: dict[str, int] = {}
         if resume_step is not None:
-            _truncate_after(self.path, resume_step)
+            dropped = _truncate_after(self.path, resume_step)
         self._file = self.path.open("a", encoding="utf-8")
+        if any(t.name not in ("jsonl", "tensorboard") for t in trackers):
+            from gpu_training.trackers import TrackerStart, open_trackers
+
+            start = TrackerStart(
+                output_dir=Path(output_dir),
+                params=dict(params or {}),
+                run_ids=self._kept_ids,
+                logged_through=dropped,
+            )
+            self._trackers = open_trackers(trackers, start)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -77,6 +106,16 @@ class MetricsWriter:
         """The TensorBoard log directory, when events are written."""
         return Path(self._tb.log_dir) if self._tb is not None else None
 
+    @property
+    def run_ids(self) -> dict[str, str]:
+        """Tracker name -> run id, to keep in checkpoints (the kept ones on other ranks)."""
+        return self._trackers.run_ids if self._trackers is not None else dict(self._kept_ids)
+
+    @property
+    def trackers(self) -> str:
+        """The started trackers and where each writes (``""`` when none)."""
+        return self._trackers.describe() if self._trackers is not None else ""
+
     def write(self, split: str, step: int, values: Mapping[str, float]) -> None:
         """Record ``values`` of ``split`` (``train``/``val``) at optimizer step ``step``."""
         if not self.enabled:
@@ -89,14 +128,24 @@ class MetricsWriter:
             for key, value in values.items():
                 if math.isfinite(float(value)):
                     self._tb.add_scalar(f"{split}/{key}", float(value), step)
+        if self._trackers is not None:
+            self._trackers.log(split, step, {k: float(v) for k, v in values.items()})
 
-    def close(self) -> None:
-        """Flush and close the file and the TensorBoard writer."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Flush and close the file, the TensorBoard writer and the trackers' runs.
+
+        Args:
+            error: What stopped the run, marked on the trackers' runs (default: the
+                exception in flight, when called from a ``finally`` block).
+        """
         if not self.enabled:
             return
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._trackers is not None:
+            # The Trainer closes in a `finally`: an exception in flight is why the run stopped.
+            self._trackers.close(error if error is not None else sys.exc_info()[1])
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -107,32 +156,39 @@ class MetricsWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(exc)
 
 
-def _truncate_after(path: Path, step: int) -> None:
-    """Keeps the records of steps ``<= step`` (and drops a torn last line); atomic."""
+def _truncate_after(path: Path, step: int) -> dict[str, int]:
+    """Keeps the records of steps ``<= step`` (and drops a torn last line); atomic.
+
+    Returns:
+        Split -> the highest step dropped (what a killed run had logged past ``step``).
+    """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        return
+        return {}
     kept = []
+    dropped: dict[str, int] = {}
     for line in lines:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line torn by a kill
-        if (
-            isinstance(record, dict)
-            and isinstance(record.get("step"), int)
-            and record["step"] <= step
-        ):
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        if record["step"] <= step:
             kept.append(line)
+        else:
+            split = str(record.get("split"))
+            dropped[split] = max(dropped.get(split, step), record["step"])
     if len(kept) == len(lines):
-        return
+        return dropped
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
     os.replace(tmp, path)
+    return dropped
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

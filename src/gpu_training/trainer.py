@@ -65,6 +65,7 @@ from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.step import step_batches, sum_and_count, train_step
 from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, count_scored, resolve_task, task_from_imports
+from gpu_training.trackers import tracker_params
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
 
@@ -210,6 +211,7 @@ class Trainer:
         self.job = job
         self.allow_config_change = allow_config_change
         self.trust_checkpoint = trust_checkpoint
+        self._tracker_runs: dict[str, str] = {}  # tracker -> run id, kept in checkpoints
         self.task = task
         self.callbacks = list(callbacks)
         self.quiet = quiet
@@ -386,7 +388,12 @@ class Trainer:
             tensorboard=job.run.tensorboard,
             enabled=ctx.is_main_process,
             resume_step=step,  # what a crash logged after the checkpoint is logged again
+            trackers=job.run.trackers,
+            params=tracker_params(job.to_dict(), ctx.world_size, device),
+            run_ids=self._tracker_runs or None,  # set by _load when resuming
         )
+        # into every checkpoint, so a resumed job continues the same tracker runs
+        self._tracker_runs = writer.run_ids
         meter = ThroughputMeter(
             flops_per_token=task.flops_per_token,
             peak_tflops=job.run.peak_tflops,
@@ -563,8 +570,11 @@ class Trainer:
 
     def _load(self, ckpt: CheckpointManager, run: _Run, chosen: Path) -> int:
         if run.kind == "torch":
+            state = ckpt.load(chosen)
+            saved = state.get("extra") or {}
+            self._tracker_runs = dict(saved.get("trackers") or {})
             return restore_training_state(
-                ckpt.load(chosen),
+                state,
                 self.ctx,
                 run.model,
                 run.optimizer,
@@ -579,6 +589,7 @@ class Trainer:
             extra = ckpt.load_deepspeed(run.engine, chosen)
         else:
             extra = ckpt.load_sharded(run.model, run.optimizer, chosen)
+        self._tracker_runs = dict(extra.get("trackers") or {})
         step = int(extra["step"])
         run.scheduler.load_state_dict(extra["scheduler_state"])
         if run.amp is not None:
@@ -602,6 +613,7 @@ class Trainer:
                 amp=run.amp,
                 sampler=run.sampler,
                 generators=run.generators,
+                extra={"trackers": self._tracker_runs},
             )
             return ckpt.save(state, step=step)
         extra: dict[str, Any] = {
@@ -609,6 +621,7 @@ class Trainer:
             "scheduler_state": run.scheduler.state_dict(),
             "sampler_state": run.sampler.state_dict(),
             "rng_states": gather_rng_states(self.ctx, run.generators),
+            "trackers": self._tracker_runs,
         }
         if run.amp is not None:
             extra["amp_state"] = run.amp.state_dict()
@@ -639,6 +652,8 @@ class Trainer:
             f"metrics: {writer.path}"
             + (f", TensorBoard: {writer.tensorboard_dir}" if writer.tensorboard_dir else ""),
         ]
+        if writer.trackers:
+            lines.append(f"trackers: {writer.trackers}")
         if task.baseline is not None:
             lines.append(f"baseline loss: {task.baseline:.4f}")
         if step >= total:
