@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 # Every optional extra that works on a CPU, so no feature's tests are skipped in CI.
-EXTRAS ?= dev,monitor,plot,tensorboard,trackers
+EXTRAS ?= dev,monitor,plot,tensorboard,trackers,hf
 NPROC ?= 2
 PYTEST_ARGS ?=
 

@@ -5,14 +5,18 @@ passes or fails with the numbers behind the verdict:
 
 * ``sampler`` — the ranks' shards are disjoint and complete, every rank gets as many samples,
   and the order changes at the next epoch;
-* ``init`` — every rank builds the same parameters from the same seed;
-* ``grad_sync`` — the gradient after DDP's all-reduce equals the single-process gradient on the
-  concatenated batch, within ``atol + rtol * max|g|``;
+* ``data`` — every rank reads the same samples from the dataset (a dataset built differently
+  per rank is a data bug, told apart from the gradient checks' verdicts);
+* ``init`` — every rank builds the same parameters and buffers from the same seed (DDP
+  broadcasts rank 0's and hides a difference; FSDP and DeepSpeed do not);
+* ``grad_sync`` — every parameter gets a gradient (DDP raises on one that does not), and the
+  gradient after DDP's all-reduce equals the single-process gradient on the concatenation of
+  the batches the ranks drew, within ``atol + rtol * max|g|``;
 * ``params_after_step`` — after one optimizer step (forward in ``train()`` mode) the
   parameters are identical on all ranks;
 * ``accumulation`` — an accumulation window (the toolkit's ``no_sync`` loop, or the user's
   own ``step`` function) gives the big batch's gradient and all-reduces once, not once per
-  micro-batch;
+  micro-batch (counted by a comm hook, one per pass over DDP's buckets, however many);
 * ``checkpoint`` — save, load into a fresh model and optimizer: the next step's loss and
   weights are bitwise those of the uninterrupted run.
 
@@ -36,7 +40,7 @@ Example:
     >>> report = verify_setup(lambda: torch.nn.Linear(4, 1), data,
     ...                       torch.nn.functional.mse_loss, DistributedContext())
     >>> report.passed, [c.name for c in report.checks][:3]
-    (True, ['sampler', 'init', 'grad_sync'])
+    (True, ['sampler', 'data', 'init'])
 """
 
 from __future__ import annotations
@@ -63,11 +67,13 @@ from gpu_training.diagnostics.verify_checks import (
     _wrap,
     check_accumulation,
     check_checkpoint,
+    check_data,
     check_grad_sync,
     check_init,
     check_params_after_step,
     check_sampler,
     default_accumulate,
+    unused_parameters,
 )
 
 __all__ = [
@@ -85,6 +91,7 @@ __all__ = [
 
 CHECKS: tuple[str, ...] = (
     "sampler",
+    "data",
     "init",
     "grad_sync",
     "params_after_step",
@@ -271,16 +278,21 @@ class VerifyPlan:
 
 
 class _SyncCounter:
-    """Counts the gradient buckets DDP all-reduces (through a comm hook that then reduces)."""
+    """Counts DDP's gradient syncs: passes over its buckets, through a comm hook that reduces.
+
+    Counts the *last* bucket of each pass, not buckets: DDP rebuilds its buckets after the
+    first iteration (1 became 2 on the built-in task), so a bucket count is no unit.
+    """
 
     def __init__(self) -> None:
-        self.buckets = 0
+        self.syncs = 0
 
     def hook(self) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         def counting_allreduce(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-            self.buckets += 1
+            if bucket.is_last():  # one per backward that syncs, whatever the bucket layout
+                self.syncs += 1
             return allreduce_hook(state, bucket)
 
         # DDP checks these annotations as objects; postponed (string) ones would fail its check.
@@ -300,11 +312,12 @@ class VerifyModels:
         wrapped: The model under test: DDP-wrapped when distributed, else the bare model.
         reference: A single-process copy of it (never wrapped): the expected gradients.
         optimizer: AdamW on ``wrapped``'s parameters.
-        counter: Counts the gradient buckets DDP all-reduces.
+        counter: Counts the gradient syncs DDP runs.
         first: This rank's first micro-batch of global batch 0.
         ddp: Whether ``wrapped`` is DDP (then ``counter`` counts).
-        buckets_per_sync: Buckets in one gradient all-reduce, measured by the ``grad_sync``
-            check for the ``accumulation`` check to count all-reduces in.
+        unused: Parameters that got no gradient from a forward on any rank's ``first``; when
+            there are some, DDP is built with ``find_unused_parameters=True`` so that the
+            checks can run (the ``grad_sync`` check reports them).
     """
 
     wrapped: nn.Module
@@ -313,11 +326,14 @@ class VerifyModels:
     counter: _SyncCounter
     first: Batch
     ddp: bool
-    buckets_per_sync: int = 1
+    unused: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, model: nn.Module, plan: VerifyPlan) -> VerifyModels:
         """Wrap ``model`` (DDP broadcasts rank 0's weights), copy it, both in ``eval()`` mode.
+
+        One forward and backward on ``first`` first finds the parameters that get no
+        gradient (DDP would raise at its next iteration instead, naming none of them).
 
         Args:
             model: The freshly built model, on ``plan.device``.
@@ -326,7 +342,10 @@ class VerifyModels:
         Returns:
             The models, with ``first`` read from the dataset.
         """
-        wrapped = _wrap(model, plan.ctx, plan.device)
+        first = plan.micro_batch(0, plan.ctx.rank, 0)
+        model.eval()
+        unused = unused_parameters(model, first, plan.loss_fn, plan.ctx)
+        wrapped = _wrap(model, plan.ctx, plan.device, find_unused_parameters=bool(unused))
         counter = _SyncCounter()
         if wrapped is not model:
             wrapped.register_comm_hook(state=None, hook=counter.hook())  # type: ignore[operator]
@@ -334,8 +353,9 @@ class VerifyModels:
         wrapped.eval()
         reference.eval()
         optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-        first = plan.micro_batch(0, plan.ctx.rank, 0)
-        return cls(wrapped, reference, optimizer, counter, first, ddp=wrapped is not model)
+        return cls(
+            wrapped, reference, optimizer, counter, first, ddp=wrapped is not model, unused=unused
+        )
 
 
 # --- the checks, in order -----------------------------------------------------------------
@@ -392,6 +412,7 @@ def verify_setup(
     sampler_fn = make_sampler if make_sampler is not None else _global_batch_sampler(plan)
     sampler = sampler_fn(dataset, ctx)
     report.checks.append(check_sampler(sampler, plan.num_samples, ctx, plan.allowed_tail))
+    report.checks.append(check_data(plan))
 
     torch.manual_seed(seed)
     model = build_model().to(plan.device)

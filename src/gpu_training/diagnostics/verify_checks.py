@@ -2,30 +2,33 @@
 
 Each check is a collective (every rank calls it, in
 :data:`~gpu_training.diagnostics.verify.CHECKS` order) and returns a :class:`CheckResult`,
-identical on every rank. :func:`check_sampler` and :func:`check_init` look at the sampler and
-the freshly built model; :func:`check_grad_sync`, :func:`check_params_after_step`,
-:func:`check_accumulation` and :func:`check_checkpoint` train: they read their batches from the
-run's :class:`~gpu_training.diagnostics.verify.VerifyPlan` and advance the shared
-:class:`~gpu_training.diagnostics.verify.VerifyModels` one after the other. The cross-rank
+identical on every rank. :func:`check_sampler`, :func:`check_data` and :func:`check_init` look
+at the sampler, the dataset and the freshly built model; :func:`check_grad_sync`,
+:func:`check_params_after_step`, :func:`check_accumulation` and :func:`check_checkpoint` train:
+they read their batches from the run's :class:`~gpu_training.diagnostics.verify.VerifyPlan` and
+advance the shared :class:`~gpu_training.diagnostics.verify.VerifyModels` one after the other.
+Their reference gradients are computed on the batches the ranks actually drew (gathered), so a
+dataset that differs per rank fails ``data``, not the gradient checks. The cross-rank
 comparisons they rest on live here too, with :func:`default_accumulate` (the toolkit's
-accumulation window); :mod:`~gpu_training.diagnostics.verify` holds the report, the run's setup
-and the entry points.
+accumulation window) and :func:`unused_parameters`; :mod:`~gpu_training.diagnostics.verify`
+holds the report, the run's setup and the entry points.
 
 Example:
     >>> import torch
     >>> from gpu_training.ddp import DistributedContext
     >>> check_init(torch.nn.Linear(2, 1), DistributedContext())
-    CheckResult(name='init', passed=True, detail='parameters identical on 1 rank(s)')
+    CheckResult(name='init', passed=True, detail='parameters and buffers identical on 1 rank(s)')
     >>> check_sampler(range(8), 8, DistributedContext(), allowed_tail=0).detail
     'epoch 1 draws the same order as epoch 0 (shuffle, and set_epoch)'
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpu_training.ddp import DistributedContext, gradient_sync, unwrap_model
+from gpu_training.ddp import DistributedContext, gradient_sync, move_to_device, unwrap_model
 
 if TYPE_CHECKING:  # the run's types are built by verify_setup, which imports this module
     from gpu_training.diagnostics.verify import VerifyModels, VerifyPlan
@@ -43,11 +46,13 @@ __all__ = [
     "CheckResult",
     "check_accumulation",
     "check_checkpoint",
+    "check_data",
     "check_grad_sync",
     "check_init",
     "check_params_after_step",
     "check_sampler",
     "default_accumulate",
+    "unused_parameters",
 ]
 
 Batch = tuple[Any, Any]
@@ -122,14 +127,40 @@ def _diff_from_rank0(
     return _gather((worst, where), ctx)
 
 
-def _wrap(model: nn.Module, ctx: DistributedContext, device: torch.device) -> nn.Module:
+def _wrap(
+    model: nn.Module,
+    ctx: DistributedContext,
+    device: torch.device,
+    *,
+    find_unused_parameters: bool = False,
+) -> nn.Module:
     """``model`` in DDP when a process group is up (DDP broadcasts rank 0's weights), else as is."""
     if not _distributed(ctx):
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    return DistributedDataParallel(
+        model, device_ids=device_ids, find_unused_parameters=find_unused_parameters
+    )
+
+
+def _gather_batches(batches: list[Batch], plan: VerifyPlan) -> list[list[Batch]]:
+    """Every rank's ``batches``, indexed by rank, on ``plan.device``.
+
+    The reference gradients are computed on these, not on batches read again here: a dataset
+    that differs per rank (or draws a random augmentation per read) would otherwise make a
+    correct gradient sync look wrong.
+    """
+    cpu = torch.device("cpu")
+    # Through the CPU: a pickled CUDA tensor would unpickle onto the sender's device index.
+    gathered = _gather(move_to_device(batches, cpu), plan.ctx)
+    return [move_to_device(list(b), plan.device) for b in gathered]
+
+
+def _cat(batches: Sequence[Batch]) -> Batch:
+    """One batch holding ``batches`` one after the other."""
+    return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
 
 
 # --- sampler and init ---------------------------------------------------------------------
@@ -200,18 +231,115 @@ def check_sampler(
     return CheckResult("sampler", True, detail)
 
 
+def _feed(digest: Any, obj: Any) -> None:
+    """Hash ``obj`` (tensors, arrays, mappings, sequences, scalars) into ``digest``."""
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif hasattr(obj, "tobytes") and hasattr(obj, "dtype"):  # a NumPy array: repr abbreviates
+        digest.update(f"A{obj.dtype}{getattr(obj, 'shape', ())}".encode() + obj.tobytes())
+    elif isinstance(obj, Mapping):
+        digest.update(b"{")
+        for key in sorted(obj, key=repr):
+            _feed(digest, key)
+            _feed(digest, obj[key])
+        digest.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        digest.update(b"[")
+        for item in obj:
+            _feed(digest, item)
+        digest.update(b"]")
+    else:
+        digest.update(f"{type(obj).__name__}:{obj!r}".encode())
+
+
+def _sample_digest(sample: Any) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    _feed(digest, sample)
+    return digest.hexdigest()
+
+
+_DATA_SAMPLES = 256
+"""At most this many samples are compared by :func:`check_data` (each is read twice)."""
+
+
+def check_data(plan: VerifyPlan) -> CheckResult:
+    """``data``: every rank reads the same samples from the dataset.
+
+    The samples the training checks use (three global batches of the plan's permutation, at
+    most :data:`_DATA_SAMPLES`) are read twice on every rank and hashed. If a rank reads a
+    sample differently from rank 0, the dataset was built differently per rank — a data bug,
+    reported here; the gradient checks compare against the batches the ranks actually drew,
+    so they do not blame the gradients for it. Samples that change from one read to the next
+    (a random augmentation) cannot be compared and pass with a note.
+
+    Args:
+        plan: The run.
+
+    Returns:
+        The verdict; a failure names the rank, how many samples differ and the first index.
+    """
+    ctx, n = plan.ctx, plan.num_samples
+    reads = min(3 * plan.global_batch, _DATA_SAMPLES)
+    indices = sorted({plan.order[k % n] for k in range(reads)})
+    first = [_sample_digest(plan.dataset[i]) for i in indices]
+    again = [_sample_digest(plan.dataset[i]) for i in indices]
+    changing = sum(a != b for a, b in zip(first, again, strict=True))
+    everyone = _gather((n, first, changing), ctx)
+    if any(view[2] for view in everyone):
+        worst = max(range(len(everyone)), key=lambda r: everyone[r][2])
+        return CheckResult(
+            "data",
+            True,
+            f"{everyone[worst][2]} of {len(indices)} samples change from one read to the next "
+            f"on rank {worst} (a random augmentation?): not compared across ranks; the "
+            "gradient checks use the batches the ranks drew",
+        )
+    size0, digests0, _ = everyone[0]
+    for rank, (size, digests, _) in enumerate(everyone):
+        if size != size0:
+            return CheckResult(
+                "data",
+                False,
+                f"rank {rank}'s dataset has {size} samples, rank 0's {size0}: every rank "
+                "must build the same dataset",
+            )
+        # Same size, same seed: every rank read the same indices.
+        differ = [i for i, a, b in zip(indices, digests0, digests, strict=True) if a != b]
+        if differ:
+            return CheckResult(
+                "data",
+                False,
+                f"rank {rank}'s samples differ from rank 0's in {len(differ)} of the "
+                f"{len(indices)} read (first: index {differ[0]}): every rank must build the "
+                "same dataset (seed before building it, or read it from files) and its "
+                "sampler picks the shard; the gradient checks use the batches the ranks drew",
+            )
+    return CheckResult(
+        "data",
+        True,
+        f"{len(indices)} samples read identically on {ctx.world_size} rank(s)",
+    )
+
+
 def check_init(model: nn.Module, ctx: DistributedContext) -> CheckResult:
-    """``init``: every rank built the same parameters (before DDP's broadcast hides it).
+    """``init``: every rank built the same parameters and buffers (DDP's broadcast hides it).
+
+    A buffer that differs per rank trains right under DDP (it broadcasts rank 0's buffers at
+    construction) but wrong under FSDP and DeepSpeed, which do not: the failure says so.
 
     Args:
         model: This rank's freshly built, unwrapped model.
         ctx: This process's context.
 
     Returns:
-        The verdict; a failure names the first rank and parameter that differ.
+        The verdict; a failure names the first rank and parameter (or buffer) that differ.
     """
-    results = _diff_from_rank0(list(unwrap_model(model).named_parameters()), ctx)
-    bad = [(r, d, n) for r, (d, n) in enumerate(results) if d != 0.0]
+    module = unwrap_model(model)
+    params = _diff_from_rank0(list(module.named_parameters()), ctx)
+    buffers = _diff_from_rank0(list(module.named_buffers()), ctx)
+    bad = [(r, d, n) for r, (d, n) in enumerate(params) if d != 0.0]
     if bad:
         rank, diff, name = bad[0]
         return CheckResult(
@@ -221,7 +349,19 @@ def check_init(model: nn.Module, ctx: DistributedContext) -> CheckResult:
             "before building the model (DDP hides this by broadcasting rank 0's weights; "
             "FSDP and ZeRO-3 do not)",
         )
-    return CheckResult("init", True, f"parameters identical on {ctx.world_size} rank(s)")
+    bad = [(r, d, n) for r, (d, n) in enumerate(buffers) if d != 0.0]
+    if bad:
+        rank, diff, name = bad[0]
+        return CheckResult(
+            "init",
+            False,
+            f"rank {rank}'s buffer '{name}' differs from rank 0's by {diff:.3g} as built: "
+            "build it the same on every rank (DDP hides this by broadcasting rank 0's "
+            "buffers; FSDP and DeepSpeed do not, and would train each rank with its own)",
+        )
+    return CheckResult(
+        "init", True, f"parameters and buffers identical on {ctx.world_size} rank(s)"
+    )
 
 
 # --- gradients ----------------------------------------------------------------------------
@@ -240,6 +380,40 @@ def default_accumulate(model: nn.Module, micro_batches: Sequence[Batch], loss_fn
     for i, (inputs, targets) in enumerate(micro_batches):
         with gradient_sync(model, enabled=i == steps - 1):
             (loss_fn(model(inputs), targets) / steps).backward()
+
+
+def unused_parameters(
+    model: nn.Module, batch: Batch, loss_fn: LossFn, ctx: DistributedContext
+) -> list[str]:
+    """Parameters that get no gradient from one forward and backward on ``batch``, any rank.
+
+    A collective. DDP (without ``find_unused_parameters``) raises at the iteration after
+    such a backward, naming parameter indices at best; this names them. The gradients are
+    set back to None afterwards.
+
+    Args:
+        model: The unwrapped model, in the mode the checks run it.
+        batch: This rank's ``(inputs, targets)``.
+        loss_fn: The micro-batch mean loss.
+        ctx: This process's context.
+
+    Returns:
+        The names, in ``named_parameters()`` order, of those unused on some rank.
+
+    Example:
+        >>> m = nn.ModuleDict({"used": nn.Linear(2, 1), "spare": nn.Linear(2, 1)})
+        >>> m.forward = lambda x: m["used"](x)
+        >>> loss = torch.nn.functional.mse_loss
+        >>> unused_parameters(m, (torch.ones(3, 2), torch.ones(3, 1)), loss, DistributedContext())
+        ['spare.weight', 'spare.bias']
+    """
+    model.zero_grad(set_to_none=True)
+    loss_fn(model(batch[0]), batch[1]).backward()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    here = {n for n, p in named if p.grad is None}
+    model.zero_grad(set_to_none=True)
+    anywhere: set[str] = set().union(*_gather(sorted(here), ctx))
+    return [n for n, _ in named if n in anywhere]
 
 
 def _grads(model: nn.Module) -> list[tuple[str, torch.Tensor | None]]:
@@ -281,11 +455,22 @@ def _compare_grads(
     return True, f"max |Δ| {diff:.2g} (tolerance {atol:g} + {rtol:g}·max|g|)"
 
 
+def _unused_detail(names: Sequence[str]) -> str:
+    shown = ", ".join(f"'{n}'" for n in names[:6])
+    more = f" and {len(names) - 6} more" if len(names) > 6 else ""
+    return (
+        f"{len(names)} parameter(s) get no gradient from forward: {shown}{more}; DDP raises "
+        "'Expected to have finished reduction' at the next step: use them, freeze them "
+        "(requires_grad=False) or pass find_unused_parameters=True (strategy "
+        "find_unused_parameters: true, a graph walk per step)"
+    )
+
+
 def check_grad_sync(plan: VerifyPlan, models: VerifyModels) -> CheckResult:
     """``grad_sync``: one micro-batch per rank through DDP vs their concatenation in one process.
 
-    Also measures ``models.buckets_per_sync``, the unit :func:`check_accumulation` counts
-    all-reduces in.
+    Fails too, naming them, when some parameters get no gradient (``models.unused``): the
+    checks then run with ``find_unused_parameters=True``, which the user's DDP lacks.
 
     Args:
         plan: The run.
@@ -295,23 +480,21 @@ def check_grad_sync(plan: VerifyPlan, models: VerifyModels) -> CheckResult:
         The verdict, with the largest gradient difference.
     """
     wrapped, reference, loss_fn = models.wrapped, models.reference, plan.loss_fn
-    everyone = [plan.micro_batch(0, r, 0) for r in range(plan.ctx.world_size)]
+    everyone = [b for batches in _gather_batches([models.first], plan) for b in batches]
     models.optimizer.zero_grad(set_to_none=True)
-    models.counter.buckets = 0
     loss_fn(wrapped(models.first[0]), models.first[1]).backward()
-    models.buckets_per_sync = max(1, models.counter.buckets)
     reference.zero_grad(set_to_none=True)
-    inputs = torch.cat([b[0] for b in everyone])
-    targets = torch.cat([b[1] for b in everyone])
+    inputs, targets = _cat(everyone)
     loss_fn(reference(inputs), targets).backward()
     ok, detail = _compare_grads(wrapped, reference, plan.rtol, plan.atol, plan.ctx)
-    return CheckResult(
-        "grad_sync",
-        ok,
+    verdict = (
         f"DDP gradient vs one process on the {len(inputs)}-sample batch: {detail}"
         if ok
-        else f"DDP gradient != one process on the {len(inputs)}-sample batch: {detail}",
+        else f"DDP gradient != one process on the {len(inputs)}-sample batch: {detail}"
     )
+    if models.unused:
+        return CheckResult("grad_sync", False, f"{_unused_detail(models.unused)}; {verdict}")
+    return CheckResult("grad_sync", ok, verdict)
 
 
 def check_params_after_step(plan: VerifyPlan, models: VerifyModels) -> CheckResult:
@@ -357,7 +540,7 @@ def check_accumulation(
 
     Args:
         plan: The run.
-        models: The shared models, after :func:`check_grad_sync` measured a sync.
+        models: The shared models, after :func:`check_params_after_step`.
         accumulate: Runs one window's forward and backward passes (the user's loop, or
             :func:`default_accumulate`).
 
@@ -368,12 +551,14 @@ def check_accumulation(
     wrapped, reference = models.wrapped, models.reference
     reference.load_state_dict(unwrap_model(wrapped).state_dict())
     models.optimizer.zero_grad(set_to_none=True)
-    models.counter.buckets = 0
-    accumulate(wrapped, plan.window(1, ctx.rank), loss_fn)
-    syncs = models.counter.buckets / models.buckets_per_sync
-    big = [b for r in range(ctx.world_size) for b in plan.window(1, r)]
+    window = plan.window(1, ctx.rank)
+    models.counter.syncs = 0
+    accumulate(wrapped, window, loss_fn)
+    syncs = models.counter.syncs
+    big = [b for batches in _gather_batches(window, plan) for b in batches]
     reference.zero_grad(set_to_none=True)
-    loss_fn(reference(torch.cat([b[0] for b in big])), torch.cat([b[1] for b in big])).backward()
+    inputs, targets = _cat(big)
+    loss_fn(reference(inputs), targets).backward()
     ok, detail = _compare_grads(wrapped, reference, plan.rtol, plan.atol, ctx)
     problems = [] if ok else [f"gradient != the {plan.global_batch}-sample batch's: {detail}"]
     synced = _gather(syncs, ctx)
@@ -461,7 +646,9 @@ def check_checkpoint(
         after = {k: v.detach().clone() for k, v in unwrap_model(wrapped).state_dict().items()}
 
         torch.manual_seed(plan.seed + 7919)  # a different init: only the checkpoint can restore it
-        fresh = _wrap(build_model().to(device), ctx, device)
+        fresh = _wrap(
+            build_model().to(device), ctx, device, find_unused_parameters=bool(models.unused)
+        )
         fresh.eval()
         fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
         restore_training_state(ckpt.load(map_location=device), ctx, fresh, fresh_opt)

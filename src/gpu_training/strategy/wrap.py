@@ -269,6 +269,20 @@ def _fsdp_mesh(ctx: DistributedContext, device: torch.device, sharding: str) -> 
     )
 
 
+def _broadcast_buffers(model: nn.Module, device: torch.device) -> None:
+    """Give every rank rank 0's buffers, as DDP does at construction.
+
+    FSDP2 shards parameters only; buffers stay per-rank tensors that it never syncs, so a
+    buffer built differently per rank would train every rank with its own, silently.
+    """
+    for buffer in model.buffers():
+        # Staged on the mesh's device: NCCL sends CUDA tensors only, a buffer may sit elsewhere.
+        staged = buffer if buffer.device == device else buffer.to(device)
+        dist.broadcast(staged, src=0)
+        if staged is not buffer:
+            buffer.copy_(staged)
+
+
 def _shard(
     model: nn.Module,
     units: list[nn.Module],
@@ -304,6 +318,8 @@ def _shard(
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)  # the root last: it takes the parameters no block holds
+    with torch.no_grad():
+        _broadcast_buffers(model, device)  # FSDP2 does not broadcast buffers (DDP does)
     return model
 
 
@@ -332,10 +348,12 @@ def wrap_model(
     - ``none``: the model on ``device``, with checkpointed blocks if asked.
     - ``ddp``: ``DistributedDataParallel`` with gradients as bucket views (no second copy of
       the gradients). Precision is :class:`~gpu_training.amp.MixedPrecisionTrainer`'s job.
-    - ``fsdp``: ``fully_shard`` on each block, then on the root; ``MixedPrecisionPolicy`` with
-      ``param_dtype`` from ``mixed_precision`` and fp32 gradient reduction; optional
-      ``CPUOffloadPolicy``; ``sharding="hybrid"`` shards within each node and replicates
-      across nodes (a 2-D device mesh of ``world_size / local_world_size`` × ``local_world_size``).
+    - ``fsdp``: ``fully_shard`` on each block, then on the root, then rank 0's buffers
+      broadcast to every rank (as DDP does; FSDP2 never syncs buffers itself);
+      ``MixedPrecisionPolicy`` with ``param_dtype`` from ``mixed_precision`` and fp32 gradient
+      reduction; optional ``CPUOffloadPolicy``; ``sharding="hybrid"`` shards within each node
+      and replicates across nodes (a 2-D device mesh of ``world_size / local_world_size`` ×
+      ``local_world_size``).
 
     In one process without a process group there is nothing to replicate or shard: ``ddp`` and
     ``fsdp`` return the model as ``none`` does.

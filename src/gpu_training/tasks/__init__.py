@@ -146,19 +146,22 @@ IGNORE_INDEX = -100
 """The target value that marks a position as not scored (PyTorch's and Hugging Face's)."""
 
 
-def cross_entropy_sum(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+def cross_entropy_sum(outputs: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Cross-entropy summed over the scored targets, and their number.
 
     The default training loss of user tasks: positions whose target is :data:`IGNORE_INDEX`
     (padding, prompt tokens) are not scored, and the Trainer divides the sum by the scored
-    targets of the whole global batch. Shapes as :func:`cross_entropy_loss`.
+    targets of the whole global batch. Shapes and model outputs as :func:`cross_entropy_loss`.
 
     Args:
-        outputs: Logits.
+        outputs: Logits, or a model output holding them as ``logits``.
         targets: Class ids, :data:`IGNORE_INDEX` where not scored.
 
     Returns:
         ``(sum, count)``: 0-d tensors (``count`` an integer tensor).
+
+    Raises:
+        TypeError: If ``outputs`` is neither a tensor nor holds a ``logits`` tensor.
 
     Example:
         >>> import torch
@@ -166,9 +169,19 @@ def cross_entropy_sum(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]
         >>> int(count), round(float(total / count), 4)
         (2, 1.3863)
     """
-    if outputs.dim() == 3:
-        outputs, targets = outputs.reshape(-1, outputs.size(-1)), targets.reshape(-1)
-    total = F.cross_entropy(outputs, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    logits = outputs
+    if not isinstance(outputs, Tensor):  # a Hugging Face ModelOutput, or a dict, with logits
+        found = outputs.get("logits") if isinstance(outputs, Mapping) else None
+        logits = found if found is not None else getattr(outputs, "logits", None)
+        if not isinstance(logits, Tensor):
+            raise TypeError(
+                f"cross_entropy_sum: the model returned {_a_type(outputs)} with no logits "
+                "tensor: return logits (or an object with .logits), or pass a loss "
+                "(task.loss, --loss pkg.mod:fn(outputs, targets))"
+            )
+    if logits.dim() == 3:
+        logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     return total, count_scored(targets)
 
 
@@ -177,7 +190,7 @@ def count_scored(targets: Tensor) -> Tensor:
     return (targets != IGNORE_INDEX).sum()
 
 
-def cross_entropy_loss(outputs: Tensor, targets: Tensor) -> Tensor:
+def cross_entropy_loss(outputs: Any, targets: Tensor) -> Tensor:
     """Mean cross-entropy, for classifiers and sequence models alike.
 
     3-D outputs are taken as a language model's ``(batch, time, classes)`` and flattened with
@@ -185,21 +198,42 @@ def cross_entropy_loss(outputs: Tensor, targets: Tensor) -> Tensor:
     :func:`torch.nn.functional.cross_entropy` as is (classes in dim 1: ``(N, C)`` with ``(N,)``,
     or ``(N, C, H, W)`` with ``(N, H, W)``). For regression or anything else, give a loss.
 
+    A model output that is not a tensor — a Hugging Face ``ModelOutput``, any object or dict
+    with a ``logits`` field — is scored by its logits against ``targets``. Its ``loss`` is not
+    used: a model called without labels has none, and a causal LM's own loss shifts the labels
+    again, while ``targets`` are already the next tokens.
+
     Args:
-        outputs: Logits.
+        outputs: Logits, or a model output holding them as ``logits``.
         targets: Class ids.
 
     Returns:
         A 0-d tensor, the mean over every scored position.
 
+    Raises:
+        TypeError: If ``outputs`` is neither a tensor nor holds a ``logits`` tensor.
+
     Example:
         >>> import torch
         >>> round(cross_entropy_loss(torch.zeros(2, 5, 4), torch.zeros(2, 5).long()).item(), 4)
         1.3863
+        >>> output = {"logits": torch.zeros(2, 4)}  # or a Hugging Face ModelOutput
+        >>> round(cross_entropy_loss(output, torch.zeros(2).long()).item(), 4)
+        1.3863
     """
-    if outputs.dim() == 3:
-        return F.cross_entropy(outputs.reshape(-1, outputs.size(-1)), targets.reshape(-1))
-    return F.cross_entropy(outputs, targets)
+    logits = outputs
+    if not isinstance(outputs, Tensor):  # a Hugging Face ModelOutput, or a dict, with logits
+        found = outputs.get("logits") if isinstance(outputs, Mapping) else None
+        logits = found if found is not None else getattr(outputs, "logits", None)
+        if not isinstance(logits, Tensor):
+            raise TypeError(
+                f"cross_entropy_loss: the model returned {_a_type(outputs)} with no logits "
+                "tensor: return logits (or an object with .logits), or pass a loss "
+                "(task.loss, --loss pkg.mod:fn(outputs, targets))"
+            )
+    if logits.dim() == 3:
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    return F.cross_entropy(logits, targets)
 
 
 # --- import strings -------------------------------------------------------------------------
