@@ -7,6 +7,9 @@ functions live at module level so the rank processes can import them.
 from __future__ import annotations
 
 import copy
+import re
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from dist_harness import find_free_port, run_ranks
+from dist_harness import find_free_port, run_python, run_ranks
 from gpu_training.amp import MixedPrecisionTrainer
 from gpu_training.ddp import (
     DistributedContext,
@@ -270,3 +273,106 @@ def test_ddp_no_sync_accumulation_matches_single_process_big_batch() -> None:
         assert r["metrics"]["loss"] == pytest.approx(r["ref_mean_loss"], rel=1e-5)
     for a, b in zip(results[0]["params"], results[1]["params"], strict=True):
         assert torch.equal(a, b), "ranks diverged"
+
+
+# --- teardown: the success path barriers, the failure path never waits ------------------------
+
+
+@pytest.fixture
+def one_rank_group(free_port: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A real 1-rank gloo group in this process; the barrier calls cleanup makes, recorded."""
+    calls: list[str] = []
+    real_barrier = dist.barrier
+
+    def barrier(*args: Any, **kwargs: Any) -> Any:
+        calls.append("barrier")
+        return real_barrier(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "barrier", barrier)
+    store = dist.TCPStore("127.0.0.1", free_port, 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    return calls
+
+
+def test_cleanup_barriers_on_success(one_rank_group: list[str]) -> None:
+    cleanup_distributed()
+    assert one_rank_group == ["barrier"] and not dist.is_initialized()
+
+
+def test_cleanup_in_finally_of_a_failure_skips_the_barrier(one_rank_group: list[str]) -> None:
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        try:
+            raise RuntimeError("a rank failed")
+        finally:
+            cleanup_distributed()  # GT015's pattern: the peers would wait in another collective
+    assert one_rank_group == [] and not dist.is_initialized()
+
+
+def test_context_barrier_does_not_wait_for_peers_during_a_failure(
+    one_rank_group: list[str],
+) -> None:
+    ctx = DistributedContext(rank=0, local_rank=0, world_size=2, local_world_size=2)
+    with pytest.raises(KeyError):
+        try:
+            raise KeyError("a rank failed")
+        finally:
+            ctx.barrier()  # a user's `finally:`: the peers are in another collective
+    assert one_rank_group == []
+    ctx.barrier()
+    assert one_rank_group == ["barrier"]
+    cleanup_distributed()
+
+
+_BLOCKED_TEARDOWN = """
+import time
+import torch
+import torch.distributed as dist
+from gpu_training.ddp import cleanup_distributed, init_distributed
+
+ctx = init_distributed()
+try:
+    if ctx.rank == 0:
+        work = dist.all_reduce(torch.ones(1 << 16), async_op=True)  # rank 1 never joins
+        time.sleep(0.5)
+        print(f"FAULT_AT {time.time():.3f}", flush=True)
+        raise RuntimeError("rank 0 fails with a collective in flight")
+    time.sleep(60)  # blocked elsewhere: it will not complete rank 0's all_reduce
+finally:
+    cleanup_distributed()
+"""
+
+
+@pytest.mark.multirank
+def test_failed_rank_whose_group_cannot_be_destroyed_exits_anyway(tmp_path: Path) -> None:
+    """gloo's destroy waits for this rank's unfinished all_reduce: the deadline ends it."""
+    script = tmp_path / "blocked.py"
+    script.write_text(_BLOCKED_TEARDOWN)
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = run_python([*args, f"--log-dir={tmp_path / 'logs'}", str(script)], timeout=60)
+    ended = time.time()
+    text = proc.stdout + proc.stderr
+    fault = float(re.search(r"FAULT_AT (\d+\.\d+)", text)[1])  # type: ignore[index]
+    assert proc.returncode != 0
+    assert ended - fault < 10, f"ended {ended - fault:.1f}s after the fault"
+    assert "tearing down its process group took more than 3s" in text, text[-3000:]
+    root = text.rsplit("Root Cause (first observed failure)", 1)[1]
+    assert "rank 0 fails with a collective in flight" in root and "rank      : 0" in root
+
+
+def _detail_ddp_worker() -> str:
+    ctx = init_distributed()  # TORCH_DISTRIBUTED_DEBUG=DETAIL: a ProcessGroupWrapper on gloo
+    model = DDP(nn.Linear(4, 2))
+    model(torch.randn(3, 4)).sum().backward()
+    kind = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
+    del model
+    cleanup_distributed()
+    return f"{ctx.rank} {kind}"
+
+
+@pytest.mark.multirank
+def test_ddp_builds_and_trains_under_detail_debug_on_gloo() -> None:
+    """torch 2.13 segfaults in DDP's constructor under DETAIL on gloo; init_distributed fixes it."""
+    results = run_ranks(
+        _detail_ddp_worker, 2, timeout=90, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    )
+    assert results == ["0 _ProcessGroupWrapper", "1 _ProcessGroupWrapper"]

@@ -27,6 +27,7 @@ from gpu_training.launcher import (
     parse_endpoint,
     single_node_argv,
     single_node_command,
+    supervise,
 )
 
 _ID_RE = re.compile(r"--rdzv_id=(\S+)")
@@ -344,3 +345,58 @@ def test_two_torchrun_agents_rendezvous_without_node_rank(tmp_path: Path) -> Non
     assert [r["TORCHELASTIC_RUN_ID"] for r in ranks] == [job_id, job_id]
     assert all(r["argv"] == ["--name", "my run"] for r in ranks)
     assert all(r["OMP_NUM_THREADS"] == "1" for r in ranks)
+
+
+# --- run_torchrun: torchrun's ending --------------------------------------------------------
+
+
+def test_this_interpreters_torchrun_runs_quietly_and_logs_in_a_directory_of_ours(
+    tmp_path: Path,
+) -> None:
+    module = [sys.executable, "-m", "torch.distributed.run", "--standalone", "t.py"]
+    assert supervise._quiet(module) == [*launcher.QUIET_TORCHRUN, "--standalone", "t.py"]
+    assert supervise._quiet(["torchrun", "t.py"]) == ["torchrun", "t.py"]  # a user's choice
+    env: dict[str, str] = {}
+    made = supervise._own_log_dir(["torchrun", "t.py"], env)
+    assert made is not None and env["PET_LOG_DIR"] == made and os.path.isdir(made)
+    os.rmdir(made)
+    assert supervise._own_log_dir(["torchrun", "--log-dir=/x", "t.py"], {}) is None
+    assert supervise._own_log_dir(["torchrun", "--log_dir", "/x", "t.py"], {}) is None
+    assert supervise._own_log_dir(["torchrun", "t.py"], {"PET_LOG_DIR": "/x"}) is None
+
+
+_WORKER_EXITS = """
+import os, sys
+sys.exit(int(sys.argv[1]) if os.environ["RANK"] == sys.argv[2] or sys.argv[2] == "all" else 0)
+"""
+_SUPERVISED = """
+import sys
+from gpu_training.launcher import launch_argv, launch_env, run_torchrun
+argv = launch_argv(sys.argv[1], 2, sys.argv[2:], program=(sys.executable, "-m", "torch.distributed.run"))
+sys.exit(run_torchrun(argv, launch_env(nproc_per_node=2)))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("code", "who", "expected"), [(143, "all", 143), (3, "1", 1), (0, "all", 0)]
+)
+def test_run_torchrun_ends_with_one_code_and_torchruns_report_last(
+    tmp_path: Path, code: int, who: str, expected: int
+) -> None:
+    """Every worker stopped on request (143): 143, no report; a worker failed: the report."""
+    pytest.importorskip("torch")
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER_EXITS)
+    (tmp_path / "tmp").mkdir()
+    env = {"TMPDIR": str(tmp_path / "tmp")}
+    proc = run_python(["-c", _SUPERVISED, str(script), str(code), who], timeout=90, env=env)
+    err = proc.stderr
+    assert proc.returncode == expected, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    if expected == 1:
+        tail = err.rstrip().splitlines()
+        assert tail[-1].startswith("====") and "Root Cause" in err and "exitcode  : 3" in err
+    else:
+        assert "FAILED" not in err, err[-3000:]
+    assert list((tmp_path / "tmp").iterdir()) == []  # no torchelastic_*, our log dir removed

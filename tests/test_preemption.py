@@ -46,7 +46,7 @@ def _sentinel(signum: int, frame: Any) -> None:
 
 @pytest.fixture
 def sentinel_handlers() -> Iterator[None]:
-    """SIGTERM and SIGUSR1 handled by ``_sentinel`` during the test, restored after."""
+    """The default signals handled by ``_sentinel`` during the test, restored after."""
     saved = {s: signal.getsignal(s) for s in DEFAULT_SIGNALS}
     for sig in DEFAULT_SIGNALS:
         signal.signal(sig, _sentinel)
@@ -82,6 +82,20 @@ def test_first_signal_is_kept_and_handlers_restored_after_an_error() -> None:
         raise KeyError("boom")
     assert handler.received == signal.SIGUSR1
     assert all(signal.getsignal(s) is _sentinel for s in DEFAULT_SIGNALS)
+
+
+@pytest.mark.usefixtures("sentinel_handlers")
+def test_every_forwarded_signal_is_handled_and_a_second_ctrl_c_interrupts() -> None:
+    from gpu_training.launcher import FORWARDED_SIGNALS
+
+    assert set(DEFAULT_SIGNALS) == set(FORWARDED_SIGNALS)  # what `launch` forwards, we handle
+    with PreemptionHandler(ctx=DistributedContext()) as handler:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert handler.received == signal.SIGINT and handler.should_stop()
+        os.kill(os.getpid(), signal.SIGTERM)  # another stop request: still just the flag
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again: the step did not end
+            time.sleep(1)  # the handler runs at the next bytecode
 
 
 def test_bad_arguments_and_wrong_thread() -> None:
@@ -302,7 +316,7 @@ def test_torchrun_job_checkpoints_and_exits_on_signal(
 ) -> None:
     signal_after = random.Random(seed).randint(2, 8)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += [*torchrun_args, str(SCRIPT), str(tmp_path / "ck")]
+    cmd += [*torchrun_args, f"--log-dir={tmp_path / 'logs'}", str(SCRIPT), str(tmp_path / "ck")]
     job = _Job(cmd, _env(), tmp_path / "err.log")
     try:
         job.read_until(rf"step {signal_after}", timeout=40)

@@ -11,12 +11,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dist_harness import run_script
 from gpu_training.diagnostics import watchdog as wd
+from gpu_training.diagnostics.stall_report import _raised_state
 from gpu_training.diagnostics.watchdog import (
     EXIT_STALLED,
     StallWatchdog,
@@ -58,6 +60,18 @@ def _scenario(mode: str) -> None:
                     time.sleep(120)
                 dist.all_reduce(t)
                 watchdog.tick(step)
+    elif mode == "raise-stuck":  # rank 1 raises, then hangs before its teardown
+        try:
+            with StallWatchdog(STALL_TIMEOUT, ctx=ctx) as watchdog:
+                for step in range(10_000):
+                    if ctx.rank == 1 and step == 3:
+                        print(f"RAISE_AT {time.time():.3f}", flush=True)
+                        raise ValueError("boom on rank 1")
+                    dist.all_reduce(t)
+                    watchdog.tick(step)
+        finally:
+            if ctx.rank == 1:
+                time.sleep(120)
     elif mode == "monitored":  # rank 1 arrives 3 s late at a 1 s monitored barrier
         if ctx.rank == 1:
             time.sleep(3)
@@ -138,6 +152,21 @@ def test_stalled_rank_is_named_by_the_watchdog_within_timeout() -> None:
 
 
 @pytest.mark.multirank
+def test_watchdog_tells_a_rank_that_raised_from_a_stuck_one() -> None:
+    output, rc, ended = _run("raise-stuck")
+    assert rc != 0
+    took = ended - _stamp("RAISE_AT", output)
+    assert took <= STALL_TIMEOUT + 5.0, f"reported after {took:.1f}s"
+    verdict = re.search(r"gpu-training watchdog: stall detected by rank 0: (.*)", output)
+    assert verdict, output[-3000:]
+    assert verdict[1].startswith("rank 1 raised ValueError: boom on rank 1 at "), verdict[1]
+    assert "it is not stuck" in verdict[1] and "did not answer" not in verdict[1]
+    root = _root_cause(output)  # its own exception, recorded as it left the loop
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", root), root
+    assert "ValueError: boom on rank 1" in root and "Signal 15" not in root
+
+
+@pytest.mark.multirank
 def test_monitored_barrier_names_the_missing_rank() -> None:
     output, rc, _ = _run("monitored")
     assert rc != 0
@@ -208,8 +237,37 @@ def test_verdicts() -> None:
     assert "rank 0 waiting in all_reduce" in text and "rank 1 waiting in broadcast" in text
     culprits, text = wd._verdict({0: states[0]}, 3, 30)
     assert culprits == [1, 2] and "did not answer" in text
+    raised = {"state": "raised", "op": "ValueError: bad batch", "where": "data.py:7 in load"}
+    culprits, text = wd._verdict({0: states[0], 1: raised}, 2, 30)
+    assert culprits == [1]
+    assert text.startswith("rank 1 raised ValueError: bad batch at data.py:7 in load")
+    assert "rank 0 waiting in all_reduce" in text
 
 
+def test_raised_state_points_at_the_programs_frame() -> None:
+    def load() -> None:
+        raise ValueError("bad batch")
+
+    try:
+        load()
+    except ValueError as exc:
+        state = _raised_state(exc)
+    assert state["state"] == "raised" and state["op"] == "ValueError: bad batch"
+    assert state["where"].endswith("in load") and "test_watchdog.py" in state["where"]
+
+
+@pytest.fixture
+def torch_debug_level() -> Iterator[None]:
+    """Restore torch's own debug level (read from the environment once, kept in C++)."""
+    import torch.distributed as dist
+
+    level = dist.get_debug_level()
+    yield
+    # DETAIL left on would wrap later in-process groups, and their DDP models would segfault
+    dist.set_debug_level(level)
+
+
+@pytest.mark.usefixtures("torch_debug_level")
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
 def test_debug_mode_and_entry_point(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -9,7 +9,7 @@ The same script runs unchanged in a notebook (one process) and under ``torchrun`
     try:
         ...
     finally:
-        cleanup_distributed()         # idempotent: barrier, then destroy the group
+        cleanup_distributed()         # idempotent; no barrier when an exception is in flight
 
 Every helper here that talks to other ranks is called by every rank; only
 ``ctx.is_main_process`` prints or writes.
@@ -38,6 +38,12 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from gpu_training.amp import MixedPrecisionTrainer
+from gpu_training.failure import (
+    exception_in_flight,
+    exit_if_stuck,
+    let_culprit_be_seen,
+    record_failure,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -218,7 +224,13 @@ class DistributedContext:
         return ctx
 
     def barrier(self) -> None:
-        """Wait for every rank (no-op in one process or before the group exists)."""
+        """Wait for every rank (no-op in one process or before the group exists).
+
+        Also a no-op while an exception is in flight (called from a ``finally:`` block of a
+        failing rank): the other ranks are in another collective and would never join.
+        """
+        if exception_in_flight() is not None:
+            return
         if self.is_distributed and dist.is_available() and dist.is_initialized():
             dist.barrier()
 
@@ -235,7 +247,9 @@ def init_distributed(
     Picks ``nccl`` when CUDA is available and ``gloo`` otherwise; asking for ``nccl`` on a
     machine without GPUs falls back to ``gloo`` with a warning, so the same script runs on a
     laptop. On CUDA it calls ``torch.cuda.set_device(local_rank)`` *before* creating the
-    group — skipping that puts every rank on ``cuda:0``.
+    group — skipping that puts every rank on ``cuda:0``. With
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on gloo it also works around the upstream crash that
+    otherwise kills every DDP model at construction (see :func:`_skip_ddp_construction_log`).
 
     Args:
         backend: ``"nccl"``, ``"gloo"``, or None to choose.
@@ -251,7 +265,10 @@ def init_distributed(
     if not ctx.is_distributed:
         return ctx
     if dist.is_initialized():  # already joined (e.g. by a framework): report, don't re-init
-        return replace(ctx, backend=str(dist.get_backend()))
+        backend = str(dist.get_backend())
+        if backend == "gloo" and dist.get_debug_level() == dist.DebugLevel.DETAIL:
+            _skip_ddp_construction_log()
+        return replace(ctx, backend=backend)
     cuda = _cuda_usable(ctx)
     if backend is None:
         backend = "nccl" if cuda else "gloo"
@@ -269,7 +286,33 @@ def init_distributed(
     dist.init_process_group(
         backend=backend, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout
     )
+    if backend == "gloo" and dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        _skip_ddp_construction_log()
     return replace(ctx, backend=backend)
+
+
+class _DetailSafeLogger(dist.Logger):
+    """DDP's logger without the construction-time record that crashes under DETAIL on gloo."""
+
+    def set_construction_data_and_log(self, *args: Any, **kwargs: Any) -> None:
+        # It static_casts the GLOO backend to ProcessGroupGloo, which under DETAIL is the
+        # debug ProcessGroupWrapper: SIGSEGV (torch/csrc/distributed/c10d/logger.cpp).
+        return None
+
+
+def _skip_ddp_construction_log() -> None:
+    """Let DDP be built on a gloo group in ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` mode.
+
+    With DETAIL, every gloo group is wrapped in torch's ``ProcessGroupWrapper`` (the
+    collective fingerprint check); DDP's constructor then segfaults in
+    ``c10d::Logger::set_env_variables`` (measured on torch 2.13 CPU: 3 of 3 jobs, a 5-line
+    script too), which casts the wrapper to ``ProcessGroupGloo``. DDP looks its logger class
+    up as ``torch.distributed.Logger`` at construction, so a subclass that skips only that
+    record keeps everything else (runtime stats, error logging, the reducer's hooks). The
+    construction-time fields of ``_get_ddp_logging_data()`` are then missing.
+    """
+    if not issubclass(dist.Logger, _DetailSafeLogger):
+        dist.Logger = _DetailSafeLogger  # type: ignore[misc]
 
 
 def resolve_device(ctx: DistributedContext) -> torch.device:
@@ -323,14 +366,28 @@ def _release_group_defaults() -> None:
 def cleanup_distributed() -> None:
     """Destroy the process group and its backend threads; idempotent, safe in ``finally``.
 
-    A barrier comes first: without it gloo ranks that finish at different times abort at
-    exit. If a peer is already gone the barrier fails, and the group is destroyed anyway.
-    Then the references torch itself keeps to the destroyed group are dropped, so the gloo
-    backend (and its worker threads) is freed here, while the interpreter is fully alive,
-    and not during interpreter shutdown. Free DDP-wrapped models before calling this: a DDP
-    model that is still referenced keeps the group alive (its reducer holds it).
+    On the success path a barrier comes first: without it gloo ranks that finish at different
+    times abort at exit. If a peer is already gone the barrier fails, and the group is
+    destroyed anyway. Then the references torch itself keeps to the destroyed group are
+    dropped, so the gloo backend (and its worker threads) is freed here, while the
+    interpreter is fully alive, and not during interpreter shutdown. Free DDP-wrapped models
+    before calling this: a DDP model that is still referenced keeps the group alive (its
+    reducer holds it).
+
+    With an exception in flight (called from a ``finally:`` or ``except`` block, or an
+    ``__exit__``, while a rank fails) there is no barrier: the peers are blocked in another
+    collective and it would never complete. The exception is written at once as torchrun's
+    error record of this rank (:func:`gpu_training.failure.record_failure`), the group is
+    aborted or destroyed without waiting for the peers, and if that still blocks (gloo
+    finishing a collective no peer will join) for more than
+    :data:`~gpu_training.failure.FAILED_TEARDOWN_TIMEOUT_S` seconds, the exception is
+    reported and the process exits with code 1. The exception then propagates as usual.
     """
     if not (dist.is_available() and dist.is_initialized()):
+        return
+    failure = exception_in_flight()
+    if failure is not None:
+        _teardown_after_failure(failure)
         return
     default_group = dist.group.WORLD
     world = weakref.ref(default_group) if default_group is not None else None
@@ -345,6 +402,27 @@ def cleanup_distributed() -> None:
     _release_group_defaults()
     if world is not None and world() is not None:
         gc.collect()  # only a reference cycle can still hold it; a full collection costs ~0.1 s
+
+
+def _teardown_after_failure(failure: BaseException) -> None:
+    """The failing rank's teardown: no collective, the culprit on record, a bounded wait."""
+    record_failure(failure)  # now: a rank killed later (torchrun's SIGTERM) is still named
+    default_group = dist.group.WORLD
+    world = weakref.ref(default_group) if default_group is not None else None
+    del default_group
+    with exit_if_stuck(failure):
+        if dist.get_backend() == "nccl":
+            # NCCL can abort its communicators without waiting for the peers; gloo cannot.
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._abort_process_group()
+        with contextlib.suppress(Exception):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if not dist.is_initialized():
+            _release_group_defaults()
+            if world is not None and world() is not None:
+                gc.collect()  # a cycle holding the group: freed, its connections close now
+    let_culprit_be_seen(failure)  # a victim: torchrun must see the rank that failed first
 
 
 def make_distributed_sampler(

@@ -61,13 +61,23 @@ It is non-zero on purpose: exit code 0 would mark a Kubernetes Job or a SLURM jo
     srun python train.py; rc=$?
     [ "$rc" -eq 143 ] && scontrol requeue "$SLURM_JOB_ID"
 
-Under torchrun the job's exit code is torchrun's, which is 1 for any failed worker or when
-torchrun itself was signalled; the workers' codes appear in its failure report
-(``exitcode : 143``).
+A bare ``torchrun`` exits with 1 whenever a worker failed or torchrun itself was signalled
+(the workers' codes appear in its failure report, ``exitcode : 143``); ``gpu-training
+launch`` and ``gpu-training train --nproc N`` exit with 143 whichever process got the signal
+(:func:`gpu_training.launcher.run_torchrun`).
 """
 
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
-"""SIGTERM (torchrun, Kubernetes, SLURM at the limit) and SIGUSR1 (SLURM ``--signal``)."""
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+)
+"""Every signal ``gpu-training launch`` forwards: SIGTERM (torchrun, Kubernetes, SLURM at the
+limit), SIGINT (Ctrl-C), SIGHUP (the terminal went away), SIGQUIT and SIGUSR1 (SLURM
+``--signal``). A second SIGINT raises ``KeyboardInterrupt`` as usual: the way out of a step
+that does not end."""
 
 
 def _collective_device() -> torch.device:
@@ -123,6 +133,8 @@ class PreemptionHandler:
         # only a flag: the interrupted code may hold locks, be mid-collective or mid-write
         if self.received is None:
             self.received = signal.Signals(signum)
+        elif signum == signal.SIGINT:  # Ctrl-C again: the user will not wait for the step
+            raise KeyboardInterrupt
 
     def install(self) -> None:
         """Installs the handlers (the ``with`` statement calls this).

@@ -5,7 +5,9 @@ its own main thread (:func:`_frame_state`: busy in the program's code, waiting i
 in backward), publishes that note in the job's rendezvous store (:func:`_publish`), reads the
 other ranks' notes (:func:`_collect`), judges which ranks are stalled (:func:`_verdict`) and
 writes the verdict as torchrun's error record (:func:`_record_error`), all gathered in a
-:class:`StallReport`. No torch import: the store is handed in.
+:class:`StallReport`. A rank whose training loop raised leaves a note too
+(:func:`_raised_state`), so a rank that failed is not reported as one that is stuck.
+No torch import: the store is handed in.
 
 Example:
     >>> states = {0: {"state": "busy", "op": "", "where": "train.py:42 in step"},
@@ -20,11 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sysconfig
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
+
+from gpu_training.failure import write_error_record
 
 __all__ = ["StallReport"]
 
@@ -37,9 +42,10 @@ class StallReport:
         rank: The rank that wrote this report.
         stalled_for: Seconds since this rank's last tick.
         last_step: The step of the last tick (None: never ticked).
-        states: Rank → ``{"state": "busy" | "collective" | "backward" | "missing", "where":
-            ..., "op": ..., "step": ...}`` as the ranks reported them.
-        culprits: The ranks judged stalled: busy in their own code, or silent.
+        states: Rank → ``{"state": "raised" | "busy" | "collective" | "backward", "where":
+            ..., "op": ..., "step": ...}`` as the ranks reported them (``op`` of a rank that
+            raised: its exception, one line).
+        culprits: The ranks judged at fault: raised, busy in their own code, or silent.
         message: The verdict, one paragraph.
     """
 
@@ -98,21 +104,61 @@ def _frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]
     if "autograd" in parts:
         where = _location(caller) if caller else "?"
         return {"state": "backward", "op": "backward (DDP gradient all-reduce)", "where": where}
-    mine = next(
-        (
-            f
-            for f in frames
-            if _torch_part(f.f_code.co_filename) is None and f.f_code.co_filename != skip_file
-        ),
-        frames[0] if frames else None,
-    )
-    return {"state": "busy", "op": "", "where": _location(mine) if mine else "?"}
+    outside = [
+        f
+        for f in frames
+        if _torch_part(f.f_code.co_filename) is None and f.f_code.co_filename != skip_file
+    ]
+    # the program's own line, not the stdlib's (a queue's select() under a DataLoader)
+    mine = next((f for f in outside if not _in_stdlib(f.f_code.co_filename)), None)
+    mine = mine or (outside[0] if outside else (frames[0] if frames else None))
+    inner = frames[: frames.index(mine)] if mine in frames else []
+    loader = any(_DATALOADER in f.f_code.co_filename for f in inner)
+    op = "its DataLoader (a worker process is stuck or slow)" if loader else ""
+    return {"state": "busy", "op": op, "where": _location(mine) if mine else "?"}
+
+
+_DATALOADER = f"{os.sep}torch{os.sep}utils{os.sep}data{os.sep}"
+_STDLIB = tuple(
+    {
+        os.path.normcase(p) + os.sep
+        for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"))
+    }
+)
+
+
+def _in_stdlib(path: str) -> bool:
+    """True for a file of Python's standard library (not of site-packages)."""
+    normal = os.path.normcase(path)
+    return normal.startswith(_STDLIB) and "site-packages" not in normal
+
+
+def _raised_state(exc: BaseException, skip_file: str = "") -> dict[str, Any]:
+    """The note of a rank whose loop raised ``exc``: where (innermost frame outside torch)."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    mine = [
+        (code, line)
+        for code, line in frames
+        if _torch_part(code.co_filename) is None and code.co_filename != skip_file
+    ]
+    chosen = mine or frames
+    where = "?"
+    if chosen:
+        code, line = chosen[-1]
+        where = f"{code.co_filename}:{line} in {code.co_name}"
+    error = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return {"state": "raised", "op": error, "where": where}
 
 
 def _verdict(
     states: Mapping[int, Mapping[str, Any]], world: int, timeout: float
 ) -> tuple[list[int], str]:
     """The stalled ranks (busy in their own code, or silent) and the verdict naming them."""
+    raised = sorted(r for r, s in states.items() if s["state"] == "raised")
     busy = sorted(r for r, s in states.items() if s["state"] == "busy")
     missing = sorted(set(range(world)) - set(states))
     waiting = sorted(r for r, s in states.items() if s["state"] in ("collective", "backward"))
@@ -122,11 +168,20 @@ def _verdict(
             f"rank {r} waiting in {states[r]['op']} at {states[r]['where']}" for r in ranks
         )
 
-    culprits = busy + missing
+    culprits = raised + busy + missing
     parts = []
+    if raised:
+        parts.append(
+            "; ".join(f"rank {r} raised {states[r]['op']} at {states[r]['where']}" for r in raised)
+            + " (it failed, it is not stuck: its traceback is in its log)"
+        )
     if busy:
         parts.append(
-            "; ".join(f"rank {r} stalled at {states[r]['where']}" for r in busy)
+            "; ".join(
+                f"rank {r} stalled at {states[r]['where']}"
+                + (f", waiting for {states[r]['op']}" if states[r].get("op") else "")
+                for r in busy
+            )
             + f" (no step progress for {timeout:g}s, not in a collective)"
         )
     if missing:
@@ -197,8 +252,4 @@ def _record_error(report: StallReport, *, first: bool) -> None:
             },
         }
     }
-    try:
-        with open(path, "w") as handle:
-            json.dump(data, handle)
-    except OSError:
-        pass
+    write_error_record(path, data)  # atomic: torchrun reads it as soon as the rank is gone

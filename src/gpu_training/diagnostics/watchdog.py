@@ -4,10 +4,10 @@ turns a collective mismatch into an error in under a second, and a stall watchdo
 The silent hang of distributed training has two causes: one rank raised (the others wait
 forever in their next collective), or the ranks called different collectives. Three tools:
 
-* :func:`entry_point` — wrap ``main`` with it. It applies torchelastic's ``record``, so
-  ``torchrun`` reports the rank that raised, with its traceback, instead of the rank it had to
-  kill (measured: without ``record`` the victim is named), and it switches debug mode on when
-  ``GPU_TRAINING_DEBUG=1``.
+* :func:`entry_point` — wrap ``main`` with it. It writes torchrun's error record (what
+  torchelastic's ``record`` does), so ``torchrun`` reports the rank that raised, with its
+  traceback, instead of the rank it had to kill (measured: without it the victim is named),
+  and it switches debug mode on when ``GPU_TRAINING_DEBUG=1``.
 * :func:`enable_debug_mode` — ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` before the process group is
   created: every collective is fingerprinted first, and a mismatch (``all_reduce`` on one rank,
   ``broadcast`` on another) raises on both ranks, naming both, in well under a second instead
@@ -33,7 +33,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import functools
 import io
@@ -52,6 +51,7 @@ from gpu_training.diagnostics.stall_report import (
     _collect,
     _frame_state,
     _publish,
+    _raised_state,
     _record_error,
     _verdict,
 )
@@ -59,6 +59,12 @@ from gpu_training.diagnostics.stall_report import (
 # Kept importable from here, where they lived before stall_report.py was split out.
 from gpu_training.diagnostics.stall_report import _location as _location
 from gpu_training.diagnostics.stall_report import _torch_part as _torch_part
+from gpu_training.failure import (
+    exception_in_flight,
+    exit_now,
+    is_peer_failure,
+    record_failure,
+)
 
 __all__ = [
     "DEBUG_ENV",
@@ -117,7 +123,11 @@ def enable_debug_mode(env: MutableMapping[str, str] | None = None) -> dict[str, 
     checked against the other ranks' before it runs: a mismatch raises on every rank, naming
     the ranks and the operations), ``TORCH_SHOW_CPP_STACKTRACES=1`` and, unless already set,
     ``NCCL_DEBUG=WARN``. Call it before the process group is created (child processes inherit
-    the variables); in this process torch's debug level is updated too.
+    the variables); in this process torch's debug level is updated too. The fingerprint
+    compares the collectives of one process group (DeepSpeed's own groups are not compared
+    with the default one: pair it with the :class:`StallWatchdog`). On gloo, create the
+    group with :func:`gpu_training.ddp.init_distributed`: DDP otherwise segfaults under DETAIL
+    on torch 2.13.
 
     Args:
         env: The environment to change (default ``os.environ``).
@@ -199,10 +209,13 @@ def monitored_barrier(timeout: float = 60.0, *, wait_all_ranks: bool = True) -> 
 def barrier(timeout: float = 300.0) -> None:
     """``dist.barrier()``, or :func:`monitored_barrier` in debug mode (no-op in one process).
 
+    A no-op too while an exception is in flight (a failing rank's ``finally:``): the other
+    ranks wait in another collective and would never arrive.
+
     Args:
         timeout: The monitored barrier's wait in debug mode.
     """
-    if not _distributed_ready():
+    if not _distributed_ready() or exception_in_flight() is not None:
         return
     if debug_mode_enabled():
         monitored_barrier(timeout)
@@ -218,10 +231,15 @@ def barrier(timeout: float = 300.0) -> None:
 def entry_point(fn: _F) -> _F:
     """Decorate a distributed program's ``main``: the rank that fails is the one reported.
 
-    * torchelastic's ``record``: the exception and traceback go to torchrun's error file, so
-      torchrun's summary names the rank that raised (not the rank it killed afterwards) and
-      shows its traceback;
-    * a one-line ``gpu-training: rank R failed: ...`` on stderr, for launches without torchrun;
+    * torchrun's error record, as torchelastic's ``record`` writes it (the exception and its
+      traceback in ``TORCHELASTIC_ERROR_FILE``; faulthandler on), so torchrun's summary names
+      the rank that raised, not the rank it killed afterwards, and shows its traceback. It is
+      written atomically (:func:`gpu_training.failure.record_failure`): ``record`` writes in
+      place, and a rank that torchrun stopped mid-write left an empty file on which torchrun
+      itself crashed. A rank that only saw a peer go away (gloo's ``Connection closed by
+      peer``) is post-dated, so torchrun's "Root Cause" is never that victim;
+    * a one-line ``gpu-training: rank R failed: ...`` on stderr, for launches without torchrun
+      (``rank R stopped: another rank failed first (...)`` for such a victim);
     * debug mode (:func:`enable_debug_mode`) when ``GPU_TRAINING_DEBUG=1``, before ``main``
       creates its process group.
 
@@ -238,25 +256,25 @@ def entry_point(fn: _F) -> _F:
         >>> main()
         0
     """
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    recorded = record(fn)
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if debug_mode_enabled():
             enable_debug_mode()
+        ErrorHandler().initialize()  # faulthandler, as torchelastic's record does
         try:
-            return recorded(*args, **kwargs)
-        except Exception as exc:
+            return fn(*args, **kwargs)
+        except (Exception, KeyboardInterrupt) as exc:
+            record_failure(exc)
             rank = os.environ.get("RANK")
             if rank is not None:
-                print(
-                    f"gpu-training: rank {rank} failed: {type(exc).__name__}: "
-                    f"{' '.join(str(exc).split())[:500]}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+                if is_peer_failure(exc):
+                    line = f"gpu-training: rank {rank} stopped: another rank failed first ({what})"
+                else:
+                    line = f"gpu-training: rank {rank} failed: {what}"
+                print(line, file=sys.stderr, flush=True)
             raise
 
     return wrapper  # type: ignore[return-value]
@@ -387,7 +405,23 @@ class StallWatchdog:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        watching = self._thread is not None
         self.stop()
+        if watching and isinstance(exc, Exception):
+            self._note_raised(exc)
+
+    def _note_raised(self, exc: BaseException) -> None:
+        """Leave a "raised" note for the other ranks' watchdogs, and torchrun's record.
+
+        A rank whose loop raised stops ticking like a stalled one; without the note, the
+        others' verdict would call it stuck, or silent once it is gone.
+        """
+        rank, _ = self._context()
+        record_failure(exc)  # before any teardown, in which the rank may be killed
+        if is_peer_failure(exc):
+            return  # a victim: the note of the rank that failed first is the one to read
+        state = {**_raised_state(exc, skip_file=__file__), "step": self._step}
+        _publish(_store(), f"{_key()}/rank{rank}", state)
 
     # --- firing ----------------------------------------------------------------------------
 
@@ -412,7 +446,7 @@ class StallWatchdog:
         frame = sys._current_frames().get(self._watched or 0)
         state = {**_frame_state(frame, skip_file=__file__), "step": self._step}
         store = _store()
-        key = f"{_STORE_PREFIX}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        key = _key()
         _publish(store, f"{key}/rank{rank}", state)
         self._write(
             f"gpu-training watchdog: rank {rank} made no step progress for {idle:.1f}s "
@@ -435,8 +469,7 @@ class StallWatchdog:
         if self.exit:
             if rank not in culprits and culprits:
                 time.sleep(0.5)  # let the stalled rank's record be torchrun's root cause
-            _flush_all()
-            os._exit(EXIT_STALLED)
+            exit_now(EXIT_STALLED)  # its DataLoader workers too: torchrun will not stop them
 
     def _out(self) -> TextIO | None:
         return None if self.quiet else (self.stream or sys.stderr)
@@ -467,6 +500,11 @@ class StallWatchdog:
             self._write(f"Thread {ident:#x}:\n" + "".join(traceback.format_stack(frame)))
 
 
+def _key() -> str:
+    """The store prefix of this attempt's notes (a restarted group starts afresh)."""
+    return f"{_STORE_PREFIX}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
 def _store() -> Any:
     """The job's rendezvous store, or None without a process group."""
     if not _distributed_ready():
@@ -477,10 +515,3 @@ def _store() -> Any:
         return _get_default_store()
     except Exception:  # a private helper: without it the report is this rank's only
         return None
-
-
-def _flush_all() -> None:
-    """Flush stdout and stderr before ``os._exit``, which skips Python's own flushing."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()

@@ -39,10 +39,17 @@ import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 
-from gpu_training.launcher.supervise import FORWARDED_SIGNALS, run_torchrun
+from gpu_training.launcher.supervise import (
+    EXIT_STOPPED,
+    FORWARDED_SIGNALS,
+    QUIET_TORCHRUN,
+    run_torchrun,
+)
 
 __all__ = [
+    "EXIT_STOPPED",
     "FORWARDED_SIGNALS",
+    "QUIET_TORCHRUN",
     "RDZV_BACKENDS",
     "RESTART_ENV",
     "SIGNALS_TO_HANDLE",

@@ -15,15 +15,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-__all__ = ["FORWARDED_SIGNALS", "run_torchrun"]
+__all__ = ["EXIT_STOPPED", "FORWARDED_SIGNALS", "QUIET_TORCHRUN", "run_torchrun"]
 
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGTERM,
@@ -33,6 +35,19 @@ FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGUSR1,
 )
 """Signals :func:`run_torchrun` passes on to torchrun (which passes them on to every worker)."""
+
+EXIT_STOPPED = 128 + signal.SIGTERM  # 143
+"""The job's exit code when one of :data:`FORWARDED_SIGNALS` stopped it, whichever process
+received it (``gpu_training.preemption.EXIT_PREEMPTED``: stopped on request, requeue me)."""
+
+QUIET_TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "gpu_training.launcher.torchrun")
+"""torchrun through :mod:`gpu_training.launcher.torchrun`: the same torchrun, quiet ending."""
+
+OWNED_LOG_DIR_ENV = "GPU_TRAINING_TORCHRUN_LOG_DIR"
+"""Set by :func:`run_torchrun` to the log directory it made; torchrun's wrapper removes it."""
+
+_TORCHRUN_MODULE = (sys.executable, "-m", "torch.distributed.run")
+_LOG_DIR_FLAGS = ("--log-dir", "--log_dir")
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -115,16 +130,40 @@ def _stop_leftovers(tracked: Mapping[int, str], timeout: float) -> list[int]:
 
 
 def _job_exit_code(returncode: int, forwarded: Sequence[int]) -> int:
-    """torchrun's exit code, as a shell reports it; 128 + signal when a signal stopped the job.
+    """torchrun's exit code, as a shell reports it; :data:`EXIT_STOPPED` after a stop signal.
 
-    torchrun exits 1 whenever it was signalled, so a SIGTERM-preempted job (workers saved and
-    exited with 143) would look like a crash; the signal we forwarded is the better answer.
+    A bare torchrun exits 1 whenever it was signalled, so a preempted job (workers saved and
+    exited with 143) would look like a crash; one code for every forwarded signal (not
+    128 + N) lets a requeue script test a single value. torchrun itself killed by a signal
+    (SIGKILL, the OOM killer) is 128 + N: that job did not stop cleanly.
     """
     if returncode < 0:
         return 128 - returncode
     if returncode != 0 and forwarded:
-        return 128 + forwarded[0]
+        return EXIT_STOPPED
     return returncode
+
+
+def _quiet(argv: Sequence[str]) -> list[str]:
+    """``argv`` with this interpreter's ``-m torch.distributed.run`` run as :data:`QUIET_TORCHRUN`."""
+    command = list(argv)
+    if tuple(command[: len(_TORCHRUN_MODULE)]) == _TORCHRUN_MODULE:
+        return [*QUIET_TORCHRUN, *command[len(_TORCHRUN_MODULE) :]]
+    return command
+
+
+def _own_log_dir(argv: Sequence[str], env: dict[str, str]) -> str | None:
+    """Give torchrun a log directory of ours (None when the caller chose one).
+
+    Without ``--log-dir`` torchrun keeps its workers' error files in a fresh
+    ``/tmp/torchelastic_*`` directory that nobody removes (13 left by six minutes of tests).
+    """
+    if "PET_LOG_DIR" in env or any(a.split("=", 1)[0] in _LOG_DIR_FLAGS for a in argv):
+        return None
+    directory = tempfile.mkdtemp(prefix="gpu-training-torchrun-")
+    env["PET_LOG_DIR"] = directory  # torchrun reads each flag's PET_* variable too
+    env[OWNED_LOG_DIR_ENV] = directory  # QUIET_TORCHRUN removes it too, if we are killed
+    return directory
 
 
 def run_torchrun(
@@ -150,8 +189,16 @@ def run_torchrun(
       session: the workers seen while the job ran are then sent ``SIGTERM`` and, after
       ``shutdown_timeout`` seconds, ``SIGKILL``.
     * **The exit code is the job's**: torchrun's code (0, or 1 when a worker failed after
-      all restarts), or 128 + N when signal N stopped the job (143 for ``SIGTERM``, the
-      :data:`~gpu_training.preemption.EXIT_PREEMPTED` convention: requeue me).
+      all restarts), or :data:`EXIT_STOPPED` (143, the
+      :data:`~gpu_training.preemption.EXIT_PREEMPTED` convention: requeue me) when one of
+      :data:`FORWARDED_SIGNALS` stopped the job, whichever process received it; 128 + N when
+      torchrun itself was killed by signal N.
+    * **A quiet end.** ``python -m torch.distributed.run`` with this interpreter runs as
+      :data:`QUIET_TORCHRUN` (the same torchrun, same flags): a signal stop ends without
+      torchrun's ``SignalException`` traceback, a worker failure with torchrun's report
+      (the root-cause rank and its traceback) as the last block.
+    * **Nothing left in /tmp.** Unless ``--log-dir`` (or ``PET_LOG_DIR``) is given, torchrun's
+      logs and error files go to a temporary directory removed when the job ends.
 
     Signal handlers are installed only when called from the main thread (Python delivers
     signals there), and the previous ones are restored on return.
@@ -190,10 +237,13 @@ def run_torchrun(
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     tracked: dict[int, str] = {}
+    command = _quiet(argv)
+    child_env = dict(os.environ if env is None else env)
+    log_dir = _own_log_dir(command, child_env)
     try:
         proc = subprocess.Popen(
-            list(argv),
-            env=None if env is None else dict(env),
+            command,
+            env=child_env,
             cwd=cwd,
             start_new_session=True,  # terminal signals reach it through us, once
             preexec_fn=_die_with_parent(),
@@ -219,4 +269,6 @@ def run_torchrun(
                 started[0].kill()
                 started[0].wait()
         _stop_leftovers(tracked, shutdown_timeout)
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
     return _job_exit_code(returncode, forwarded)

@@ -1,0 +1,133 @@
+"""torchrun with a quiet, consistent end: ``python -m gpu_training.launcher.torchrun FLAGS...``.
+
+This is torch's own torchrun (``torch.distributed.run``: same flags, same agent, same
+restarts); :func:`~gpu_training.launcher.run_torchrun` starts it in place of
+``python -m torch.distributed.run``. Only the way it ends changes:
+
+* **stopped by a signal** (SIGTERM, SIGINT, SIGHUP, SIGQUIT or SIGUSR1, which torchrun passes
+  on to the workers; they save and stop): exit code 143, and no 30-line ``SignalException``
+  traceback of torchrun's own;
+* **a worker exited with 143** (the signal reached the workers, not torchrun; the others
+  exited 143 too, or were stopped by torchrun on their way out): 143 as well, without
+  torchrun's failure report, so the code is the same whichever process was signalled;
+* **bad input found in the ranks** (the root-cause worker exited 2: a refused resume, a full
+  disk, data too small for one global batch — the same on every rank): the error's one
+  line, ``gpu-training: error: ...``, and exit code 2, as when the launching host finds it;
+* **a worker failed**: torchrun's report (the "Root Cause" rank, its exception and
+  traceback) as the last block of the output, exit code 1, without the traceback of
+  torchrun's internals above it.
+
+torch is imported when this runs, not when :mod:`gpu_training.launcher` is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Sequence
+
+from gpu_training.launcher.supervise import EXIT_STOPPED, OWNED_LOG_DIR_ENV
+
+__all__ = ["EXIT_USAGE", "QUIET_ENV", "main"]
+
+EXIT_USAGE = 2
+"""A worker's exit code for bad input it found (``gpu_training.cli``'s usage code)."""
+
+QUIET_ENV = "GPU_TRAINING_QUIET_TORCHRUN"
+"""Set for the workers: their bad-input line is printed once, here, not by rank 0 too."""
+
+
+class _Repeats(logging.Filter):
+    """Drops the agent's lines that the ending above says better (or that bad input makes noise).
+
+    "failed (exitcode: N) local_rank: ..." comes before torchrun's report, which names the
+    same rank and code; "Sending process P closing signal SIGTERM" is torchrun stopping the
+    other ranks after one failed, which every failure does.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not (text.startswith("failed (exitcode") or "closing signal" in text)
+
+
+def _from_signal(exc: BaseException, signal_type: type[BaseException]) -> bool:
+    """Whether ``exc`` was raised while torchrun handled a stop signal."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return False
+        if isinstance(current, signal_type):
+            return True
+        current = current.__context__
+    return False
+
+
+def _usage_line(failure: object) -> str | None:
+    """``gpu-training: error: ...`` from a worker's error record (None without one)."""
+    data = getattr(failure, "error_file_data", None) or {}
+    record = data.get("message") if isinstance(data, dict) else None
+    text = record.get("message") if isinstance(record, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        return None
+    name, sep, rest = text.partition(": ")  # "ResumeError: 2 damaged checkpoints ..."
+    message = rest if sep and name.isidentifier() else text
+    return f"gpu-training: error: {' '.join(message.split())}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run torchrun with ``argv`` (default ``sys.argv[1:]``) and return the job's exit code.
+
+    Args:
+        argv: torchrun's command line, without the program.
+
+    Returns:
+        0, 143 when a signal stopped the job, 2 when the ranks found bad input, 1 when a
+        worker failed.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler
+    from torch.distributed.run import parse_args, run
+
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_Repeats())
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    owned = os.environ.get(OWNED_LOG_DIR_ENV)
+    os.environ[QUIET_ENV] = "1"  # the workers inherit it
+    try:
+        run(args)
+    except SignalException:
+        # torchrun has passed the signal on and waited for its workers (30 s, then SIGKILL)
+        return EXIT_STOPPED
+    except ChildFailedError as failed:
+        codes = {failure.exitcode for failure in failed.failures.values()}
+        # a worker exits 143 only after the stop step's checkpoint is committed on every rank;
+        # torchrun then SIGTERMs the others, which may still be on their way out
+        if EXIT_STOPPED in codes and codes <= {EXIT_STOPPED, -signal.SIGTERM}:
+            return EXIT_STOPPED
+        _, root = failed.get_first_failure()
+        if root.exitcode == EXIT_USAGE:  # the ranks' bad input: one line, as before a launch
+            line = _usage_line(root)
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
+            return EXIT_USAGE
+        if os.environ.get("TORCHELASTIC_ERROR_FILE") and os.path.isfile(root.error_file):
+            ErrorHandler().dump_error_file(root.error_file, root.exitcode)  # for its own agent
+        print(failed.format_msg(), file=sys.stderr, flush=True)
+        return 1
+    except Exception as exc:
+        # torch's metrics wrapper can be hit by the signal before it sets its own variable,
+        # and raises UnboundLocalError "during handling of" the SignalException (measured:
+        # 1 stop in ~20): the same stop, whatever torch's own bookkeeping says
+        if _from_signal(exc, SignalException):
+            return EXIT_STOPPED
+        raise
+    finally:
+        if owned and owned == os.environ.get("PET_LOG_DIR"):
+            shutil.rmtree(owned, ignore_errors=True)  # the launcher may have been SIGKILLed
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
