@@ -33,16 +33,24 @@ class _Masked(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return inputs, targets
 
 
+_VOCAB = build_datasets(block_size=BLOCK).tokenizer.vocab_size  # at import: not under meta
+
+
 def model(dropout: float = 0.0) -> nn.Module:
     """A small character transformer (bias-free: see the key-bias note in docs)."""
-    data = build_datasets(block_size=BLOCK)
     shape = CharLMConfig(
         block_size=BLOCK, n_layer=1, n_head=2, n_embd=16, bias=False, dropout=dropout
     )
-    return CharTransformer(shape, data.tokenizer.vocab_size)
+    return CharTransformer(shape, _VOCAB)
 
 
 def data() -> tuple[Dataset[Any], Dataset[Any]]:
     """The built-in corpus in windows of 16, with a varying number of masked targets."""
     built = build_datasets(block_size=BLOCK)
     return _Masked(built.train), _Masked(built.val)
+
+
+def data_small_val() -> tuple[Dataset[Any], Dataset[Any]]:
+    """As :func:`data`, with a validation split of 9 samples: 2 ranks hold 5 and 4 of them."""
+    train, val = data()
+    return train, torch.utils.data.Subset(val, range(9))

@@ -398,7 +398,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     (path / MANIFEST_NAME).write_text(json.dumps(manifest))
     assert ckpt.verify(1) == []
 
-    with pytest.raises(CheckpointError, match=r"refused to load .*state\.pt.*weights_only"):
+    with pytest.raises(CheckpointError, match=r"refused to read .*state\.pt.*weights_only"):
         ckpt.load(1)
     assert not marker.exists()
 

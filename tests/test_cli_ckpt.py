@@ -76,7 +76,7 @@ def test_ckpt_actions_are_registered() -> None:
     assert "ckpt" in sub.choices
     ckpt = sub.choices["ckpt"]
     actions = next(a for a in ckpt._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(actions.choices) == {"inspect", "verify", "consolidate"}
+    assert set(actions.choices) == {"inspect", "verify", "consolidate", "export-hf"}
     assert callable(cli._add_ckpt_parser)
 
 

@@ -207,6 +207,28 @@ def test_masked_targets_give_the_same_weights_on_any_split(tmp_path: Path) -> No
         assert diff <= TOL, f"masked targets: 1x16 vs {split} differ by {diff:.2e}"
 
 
+def test_uneven_validation_shards_do_not_hang_a_sharded_forward(tmp_path: Path) -> None:
+    """9 validation samples on 2 ranks, 4 per batch: rank 0 has 2 batches, rank 1 one. FSDP's
+    forward all-gathers, so rank 1 runs one unscored forward; the loss is still the 9's."""
+    task = {"model": "masked_task:model", "data": "masked_task:data_small_val"}
+    runs = [
+        _train(
+            tmp_path,
+            f"v{n}",
+            n,
+            task__=task,
+            strategy__name="fsdp" if n > 1 else "none",
+            strategy__block_classes=["Block"],  # one block: nothing repeats to detect
+            training__max_steps=2,
+            run__eval_every=2,
+            run__eval_batches=None,
+        )
+        for n in (1, 2)
+    ]
+    one, two = (_val_losses(out) for out in runs)
+    assert len(one) == 1 and two == pytest.approx(one, abs=1e-6)
+
+
 # --- negative controls: what the parity above needs ---------------------------------------------
 
 

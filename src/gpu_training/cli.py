@@ -65,7 +65,10 @@ def _non_negative_int(text: str) -> int:
 
 
 def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
@@ -99,14 +102,18 @@ def _add_config_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     actions.required = True
     check = actions.add_parser(
         "check",
-        help="validate a config and print its batch and learning-rate arithmetic",
+        help="validate a config or job file and print its batch and learning-rate arithmetic",
         description=(
             "Load CONFIG, apply --set overrides, validate every field and print the effective "
-            "batch (per device x accumulation x ranks) and the learning rate it implies."
+            "batch (per device x accumulation x ranks) and the learning rate it implies. "
+            "CONFIG is a training config (TrainingConfig fields at the top level) or a job "
+            "file for 'gpu-training train' (task, training, strategy, checkpoint, run "
+            "sections; --set takes section.field there, e.g. training.world_size=8). Nothing "
+            "is imported or run: 'train' checks the task itself."
         ),
     )
-    check.add_argument("config", metavar="CONFIG", help="a .yaml, .yml or .json config file")
-    add_set_argument(check, "world_size=8")
+    check.add_argument("config", metavar="CONFIG", help="a .yaml, .yml or .json config or job file")
+    add_set_argument(check, "world_size=8 (a job file: training.world_size=8)")
     check.add_argument(
         "--num-samples",
         type=_non_negative_int,
@@ -117,15 +124,55 @@ def _add_config_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     check.set_defaults(_run=_run_config_check)
 
 
-def _run_config_check(args: argparse.Namespace) -> int:
-    from gpu_training.config import ConfigError, load_config, parse_override
+_JOB_SECTIONS = frozenset({"task", "task_options", "training", "strategy", "checkpoint", "run"})
+_DEEPSPEED_KEYS = frozenset(
+    {"train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization"}
+)
 
+
+def _run_config_check(args: argparse.Namespace) -> int:
+    from gpu_training.config import ConfigError, load_config, parse_override, read_config_file
+
+    data = read_config_file(args.config)
+    if _JOB_SECTIONS & set(data):
+        return _check_job_file(args)
+    if _DEEPSPEED_KEYS & set(data):  # its first key would be "unknown field 'train_batch_size'"
+        raise UsageError(
+            f"config check: {args.config} is a DeepSpeed config, not a training config or job "
+            "file: name it as strategy.deepspeed_config in a job file (see "
+            "configs/deepspeed_job.yaml) and check that"
+        )
     try:
         overrides = dict(parse_override(text) for text in args.overrides)
     except ConfigError as err:
         raise UsageError(f"--set: {err}") from None
     cfg = load_config(args.config, overrides=overrides)
     print(cfg.describe(num_samples=args.num_samples))
+    return 0
+
+
+def _check_job_file(args: argparse.Namespace) -> int:
+    from gpu_training.job import load_job
+
+    job = load_job(args.config, list(args.overrides))
+    task = job.task
+    if task.name is not None:
+        options = ", ".join(f"{k}={v}" for k, v in sorted(task.options.items()))
+        what = task.name + (f" ({options})" if options else "")
+    else:
+        what = f"model {task.model}, data {task.data}" + (
+            f", loss {task.loss}" if task.loss else ""
+        )
+    lines = [
+        f"job: {args.config}",
+        f"task: {what}",
+        job.training.describe(num_samples=args.num_samples),
+        f"strategy: {job.strategy.name}",
+        f"checkpoints: {job.checkpoint_dir} (every {job.checkpoint.every}, keep "
+        f"{job.checkpoint.keep_last_n})",
+        f"outputs: {job.run.output_dir}",
+    ]
+    print("\n".join(lines))
     return 0
 
 
@@ -232,11 +279,13 @@ _EXIT_CORRUPT = 1
 def _add_ckpt_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     parser = subparsers.add_parser(
         "ckpt",
-        help="inspect, verify or consolidate checkpoints",
+        help="inspect, verify, consolidate or export checkpoints",
         description=(
-            "Work with checkpoint directories written by CheckpointManager (plain or sharded). "
-            "DIR is a checkpoint root (its newest committed step is used) or one "
-            "step-XXXXXXXX directory. Sharded (DCP) checkpoints are trusted input only."
+            "Work with checkpoint directories written by CheckpointManager (plain, sharded or "
+            "DeepSpeed). DIR is a checkpoint root (its newest committed step is used) or one "
+            "step-XXXXXXXX directory. A checkpoint is data: nothing in it is unpickled beyond "
+            "torch's weights_only allow-list, its files never point outside it, and inspect "
+            "and verify unpickle nothing at all."
         ),
     )
     actions = parser.add_subparsers(title="actions", dest="ckpt_action", metavar="ACTION")
@@ -276,7 +325,34 @@ def _add_ckpt_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="also write the optimizer and extra state (.pt only): {model_state, ...}",
     )
     consolidate.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    _add_trust_argument(consolidate)
     consolidate.set_defaults(_run=_run_ckpt_consolidate)
+    export = actions.add_parser(
+        "export-hf",
+        help="write a Hugging Face from_pretrained directory (config, safetensors, tokenizer)",
+        description=(
+            "Verify DIR's newest checkpoint (or the step DIR names) of a job whose model is a "
+            "Hugging Face one (task hf, or a PreTrainedModel import string), any strategy, and "
+            "write OUT_DIR: config.json, safetensors weights (sharded when larger than "
+            "--max-shard-size) and the tokenizer files, so "
+            "AutoModelForCausalLM.from_pretrained(OUT_DIR) loads it. A LoRA checkpoint is "
+            "merged into its base, or written as a peft adapter with --adapter."
+        ),
+    )
+    export.add_argument("dir", metavar="CKPT", help="checkpoint root or step directory")
+    export.add_argument("out", metavar="OUT_DIR", help="directory to write (empty or new)")
+    export.add_argument(
+        "--adapter", action="store_true", help="LoRA: write the adapter, not the merged model"
+    )
+    export.add_argument(
+        "--base-dir", metavar="DIR", help="LoRA: the base model (default: the job's model_dir)"
+    )
+    export.add_argument(
+        "--max-shard-size", default="5GB", metavar="SIZE", help="largest weights file (5GB)"
+    )
+    export.add_argument("--force", action="store_true", help="replace OUT_DIR if not empty")
+    _add_trust_argument(export)
+    export.set_defaults(_run=_run_ckpt_export_hf)
 
 
 def _size(n: int) -> str:
@@ -347,7 +423,11 @@ def _run_ckpt_consolidate(args: argparse.Namespace) -> int:
     try:
         step_dir, _ = read_manifest(args.dir)
         out = consolidate(
-            step_dir, args.out, include_optimizer=args.include_optimizer, overwrite=args.force
+            step_dir,
+            args.out,
+            include_optimizer=args.include_optimizer,
+            overwrite=args.force,
+            trusted=args.trust_checkpoint,
         )
     except (CheckpointError, ValueError) as err:
         raise UsageError(f"ckpt consolidate: {err}") from None
@@ -357,9 +437,38 @@ def _run_ckpt_consolidate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_ckpt_export_hf(args: argparse.Namespace) -> int:
+    from gpu_training.checkpoint import CheckpointError, read_manifest
+
+    try:
+        step_dir, _ = read_manifest(args.dir)
+        from gpu_training.checkpoint.export_hf import export_hf  # imports transformers
+
+        out = export_hf(
+            step_dir,
+            args.out,
+            adapter=args.adapter,
+            base_dir=args.base_dir,
+            max_shard_size=args.max_shard_size,
+            overwrite=args.force,
+            trusted=args.trust_checkpoint,
+        )
+    except (CheckpointError, ValueError) as err:
+        raise UsageError(f"ckpt export-hf: {' '.join(str(err).split())}") from None
+    except ImportError as err:
+        raise UsageError(f"ckpt export-hf: {err} (pip install 'gpu-training[hf]')") from None
+    files = sorted(p.name for p in out.iterdir())
+    print(f"wrote {out} from {step_dir}: {', '.join(files)}")
+    return 0
+
+
 # --- the command ------------------------------------------------------------------------------
 
 # --- train ---------------------------------------------------------------------------------
+
+
+_ALLOW_CHANGE_ENV = "GPU_TRAINING_ALLOW_CONFIG_CHANGE"
+_TRUST_ENV = "GPU_TRAINING_TRUST_CHECKPOINT"
 
 
 def _add_train_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
@@ -369,10 +478,20 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         description=(
             "Train the job described by CONFIG (task, training, strategy, checkpoint, run "
             "sections). With --nproc N > 1 outside torchrun, torchrun is started for you; "
-            "a run resumes from its newest complete checkpoint."
+            "a run resumes from its newest complete checkpoint. Everything that can be "
+            "checked before a process starts is checked first (task options, the batch "
+            "split for --nproc, writable directories, the checkpoint to resume). "
+            "Trust: a job file is code, like a training script: its import strings "
+            "(task.model, task.data, task.loss, a task factory) are imported and called, "
+            "so run only job files you trust. A checkpoint is data: nothing in it is "
+            "unpickled beyond torch's weights_only allow-list unless --trust-checkpoint."
         ),
     )
-    parser.add_argument("config", metavar="CONFIG", help="a job file (.yaml or .json)")
+    parser.add_argument(
+        "config",
+        metavar="CONFIG",
+        help="a job file (.yaml or .json); it is code: its import strings are imported and run",
+    )
     parser.add_argument(
         "--nproc",
         type=_positive_int,
@@ -385,7 +504,8 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         "--debug",
         action="store_true",
         help="check that every rank calls the same collectives (TORCH_DISTRIBUTED_DEBUG="
-        "DETAIL): a mismatch fails in seconds, naming both ranks, instead of hanging",
+        "DETAIL, slower): a mismatch fails in seconds, naming both ranks and both "
+        "operations, instead of hanging",
     )
     parser.add_argument(
         "--stall-timeout",
@@ -394,7 +514,72 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="end the run after S seconds without a step, naming the stalled rank and "
         "dumping every rank's stack (default: no watchdog)",
     )
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume from a checkpoint written with other math-relevant settings (learning "
+        "rate, model shape, batch...); without it such a resume is refused, naming them",
+    )
+    _add_trust_argument(parser)
     parser.set_defaults(_run=_run_train)
+
+
+def _add_trust_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="let DeepSpeed's checkpoint readers unpickle files that hold objects outside "
+        "the weights_only allow-list: this can run code from the checkpoint; only for "
+        "checkpoints from a source you trust",
+    )
+
+
+def _env_flag(name: str) -> bool:
+    import os
+
+    return os.environ.get(name) == "1"
+
+
+def _bad_input_exits(fit: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
+    """In a rank: bad input found there is one line from rank 0 and exit 2 on every rank.
+
+    The Trainer's checks that need the ranks (a resume refused, a user task's data too
+    small) and a checkpoint the file system refuses (a full disk, a permission: a
+    CheckpointError caused by an OSError) fail alike on every rank: a traceback from each
+    would bury the one line. Any other error keeps its traceback, for torchrun's report.
+    """
+    import os
+
+    from gpu_training.checkpoint import CheckpointError
+    from gpu_training.config import ConfigError
+    from gpu_training.launcher.torchrun import QUIET_ENV
+
+    def bad_input(err: BaseException) -> bool:
+        if isinstance(err, ConfigError):
+            return True
+        # a checkpoint the environment refused (full disk, permissions); not a bug of the
+        # user's code that surfaced while saving (that keeps its traceback)
+        cause: BaseException | None = err
+        for _ in range(8):
+            if cause is None:
+                return False
+            if isinstance(cause, OSError):
+                return True
+            cause = cause.__cause__ or cause.__context__
+        return False
+
+    def run() -> dict[str, float]:
+        try:
+            return fit()
+        except (ConfigError, CheckpointError) as err:
+            if not bad_input(err):
+                raise
+            # under train --nproc the launcher prints the line, from the root cause's record
+            if os.environ.get("RANK", "0") == "0" and not os.environ.get(QUIET_ENV):
+                print(f"{PROG}: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+            raise SystemExit(_EXIT_USAGE) from None
+
+    return run
 
 
 def _under_launcher() -> bool:
@@ -403,29 +588,29 @@ def _under_launcher() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def _validate_job(job: Any) -> None:
-    """Catch bad tasks and strategy options here, before any process starts or file is written."""
-    from gpu_training.trainer import check_job
+def _validate_job(job: Any, args: argparse.Namespace) -> None:
+    """Every check that needs no process, before torchrun starts or a file is written."""
+    from gpu_training.preflight import check_launch
 
-    check_job(job)
+    # warnings (settings changed that do not change the math) are printed by rank 0
+    check_launch(
+        job,
+        args.nproc,
+        allow_config_change=args.allow_config_change,
+        trust_checkpoint=args.trust_checkpoint,
+    )
 
 
 def _launch_workers(args: argparse.Namespace) -> int:
     import os
 
-    from gpu_training.launcher import launch_argv, launch_env, run_torchrun
+    from gpu_training.launcher import QUIET_TORCHRUN, launch_argv, launch_env, run_torchrun
 
     train_args = ["train", args.config]
     for text in args.overrides:
         train_args += ["--set", text]
-    argv = launch_argv(
-        "gpu_training",
-        args.nproc,
-        train_args,
-        module=True,
-        program=(sys.executable, "-m", "torch.distributed.run"),
-    )
-    # forwards SIGTERM/SIGUSR1 to the workers (they save and exit), reaps orphans
+    argv = launch_argv("gpu_training", args.nproc, train_args, module=True, program=QUIET_TORCHRUN)
+    # forwards the stop signals to the workers (they save; exit 143), reaps orphans, no /tmp litter
     return run_torchrun(argv, launch_env(os.environ, nproc_per_node=args.nproc))
 
 
@@ -439,19 +624,33 @@ def _run_train(args: argparse.Namespace) -> int:
         os.environ["GPU_TRAINING_DEBUG"] = "1"
     if args.stall_timeout:
         os.environ["GPU_TRAINING_STALL_TIMEOUT"] = str(args.stall_timeout)
+    if args.allow_config_change:
+        os.environ[_ALLOW_CHANGE_ENV] = "1"
+    if args.trust_checkpoint:
+        os.environ[_TRUST_ENV] = "1"
 
     job = load_job(args.config, list(args.overrides))
-    if args.nproc > 1 and not _under_launcher():
-        _validate_job(job)
-        return _launch_workers(args)
     if not _under_launcher():
-        _validate_job(job)
+        _validate_job(job, args)
+    if args.nproc > 1 and not _under_launcher():
+        return _launch_workers(args)
     from gpu_training.diagnostics.watchdog import entry_point
+    from gpu_training.failure import end_failed_rank
     from gpu_training.preemption import EXIT_PREEMPTED
     from gpu_training.trainer import Trainer
 
     # the rank that raised, with its traceback, is what torchrun reports
-    summary = entry_point(Trainer(job).fit)()
+    trainer = Trainer(
+        job,
+        allow_config_change=args.allow_config_change or _env_flag(_ALLOW_CHANGE_ENV),
+        trust_checkpoint=args.trust_checkpoint or _env_flag(_TRUST_ENV),
+    )
+    try:
+        summary = entry_point(_bad_input_exits(trainer.fit))()
+    except (Exception, KeyboardInterrupt) as exc:
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            end_failed_rank(exc)  # no interpreter shutdown: gloo can hang in it (DESIGN.md)
+        raise
     if summary["preempted"]:
         return EXIT_PREEMPTED
     return 0

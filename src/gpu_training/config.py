@@ -412,6 +412,8 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: When the file is missing, unreadable, unparsable or not a mapping.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: a directory, expected a YAML or JSON config file")
     if not p.is_file():
         raise ConfigError(f"{p}: no such config file")
     try:
@@ -456,7 +458,7 @@ def load_config(
     """
     data = read_config_file(path)
     source = str(Path(path))
-    if not data:  # every field at its default is never what an empty file meant
+    if not data and not overrides:  # every field at its default is never what it meant
         raise ConfigError(f"{source}: the config file is empty; expected TrainingConfig fields")
     if overrides:
         data.update(overrides)

@@ -11,8 +11,9 @@ checks that need no process group:
   a path under a file or a read-only directory is named);
 - the checkpoint the run would resume from: no damaged checkpoint stands in the way, it has
   the format the strategy resumes, its recorded settings match the job (or
-  ``allow_config_change``), its model has the job's parameter shapes, and its files hold
-  nothing outside the ``weights_only`` allow-lists.
+  ``allow_config_change``), its model has the job's parameter shapes, its files hold
+  nothing outside the ``weights_only`` allow-lists, and a sharded one's index reads only
+  the checkpoint's own files.
 
 Every failure is a :class:`~gpu_training.config.ConfigError` naming the field or file.
 
@@ -85,8 +86,9 @@ def check_launch(
         raise ConfigError(f"--nproc {nproc}: {err}", "training.global_batch_size") from None
     if job.task.name in BUILTIN_TASKS:  # cheap for the built-in data; a user's may not be
         _check_data(task, cfg.effective_batch_size)
-    check_writable(job.checkpoint_dir, "checkpoint.dir")
+    # the output directory first: an unset checkpoint.dir lies under it, and the user set it
     check_writable(Path(job.run.output_dir), "run.output_dir")
+    check_writable(job.checkpoint_dir, "checkpoint.dir")
     return _check_resume(job, task, allow_config_change, trust_checkpoint)
 
 
@@ -175,15 +177,15 @@ def _check_contents(step_dir: Path, manifest: dict[str, Any], trust_checkpoint: 
     pickles = [f for f in files if f.suffix == ".pt"]
     if fmt == "deepspeed":
         if not trust_checkpoint:
-            check_pickles(pickles, DEEPSPEED_SAFE_GLOBALS)
-        else:
-            check_pickles([f for f in pickles if f.name == "extra.pt"])
+            check_pickles([f for f in pickles if f.name != "extra.pt"], DEEPSPEED_SAFE_GLOBALS)
+        # extra.pt is read by our own weights_only loader, trusted or not
+        check_pickles([f for f in pickles if f.name == "extra.pt"], hint=None)
         return
-    check_pickles(pickles)
+    check_pickles(pickles, hint=None)  # plain and sharded files: trust changes nothing
     if fmt == "dcp":
-        from gpu_training.checkpoint.dcp_read import _read_metadata
+        from gpu_training.checkpoint.safe_load import check_dcp_storage
 
-        _read_metadata(step_dir / ".metadata")
+        check_dcp_storage(step_dir, [str(e["name"]) for e in manifest["files"]])
 
 
 def _saved_shapes(step_dir: Path, manifest: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:

@@ -27,6 +27,7 @@ import contextlib
 import math
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from gpu_training.ddp import (
     move_to_device,
     reduce_scalar_dict,
     resolve_device,
+    unwrap_model,
 )
 from gpu_training.diagnostics.watchdog import StallWatchdog
 from gpu_training.job import JobConfig
@@ -212,6 +214,8 @@ class Trainer:
         self.allow_config_change = allow_config_change
         self.trust_checkpoint = trust_checkpoint
         self._tracker_runs: dict[str, str] = {}  # tracker -> run id, kept in checkpoints
+        self._val_rounds = 0  # validation forwards per rank (_val_loader)
+        self._extra: dict[str, Any] | None = None  # the task's part of every checkpoint
         self.task = task
         self.callbacks = list(callbacks)
         self.quiet = quiet
@@ -237,7 +241,7 @@ class Trainer:
     ) -> Prepared:
         def make_optimizer(params: Any) -> torch.optim.Optimizer:
             return torch.optim.AdamW(
-                params,
+                [p for p in params if p.requires_grad],  # frozen (LoRA base): no state
                 lr=cfg.scaled_learning_rate,
                 weight_decay=cfg.weight_decay,
                 fused=device.type == "cuda",
@@ -290,6 +294,7 @@ class Trainer:
         model.eval()
         total = torch.zeros((), dtype=torch.float64, device=device)
         count = torch.zeros((), dtype=torch.float64, device=device)
+        done = 0
         with torch.no_grad():
             for batch in loader:
                 inputs, targets = move_to_device(batch, device)
@@ -297,6 +302,13 @@ class Trainer:
                     part, n = sum_and_count(loss_fn(model(inputs), targets), targets)
                 total += part.double()
                 count += n.to(device=device, dtype=torch.float64)
+                done += 1
+            # A sharded forward is a collective (FSDP's all-gathers, DDP's buffer broadcast):
+            # a rank whose share is one batch short runs one unscored forward, or they hang.
+            for _ in range(self._val_rounds - done):
+                dummy = loader.collate_fn([loader.dataset[0]])
+                with autocast():
+                    model(move_to_device(dummy, device)[0])
         model.train()
         sums = reduce_scalar_dict({"loss_sum": total, "count": count}, self.ctx, average=False)
         loss = sums["loss_sum"] / max(1.0, sums["count"])
@@ -317,9 +329,15 @@ class Trainer:
         self.ctx = init_distributed()
         try:
             return self._fit()
+        except BaseException as exc:
+            if self.ctx.is_distributed:
+                # The run's objects live on in the traceback, DDP's reducer holding the group:
+                # freed, the teardown below closes it and the peers stop at once (DESIGN.md).
+                traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
             if owns_group:
-                cleanup_distributed()
+                cleanup_distributed()  # no barrier with an exception in flight
 
     def _fit(self) -> dict[str, float]:
         job, ctx = self.job, self.ctx
@@ -527,8 +545,11 @@ class Trainer:
         limit = self.job.run.eval_batches
         if limit is not None:
             size = min(size, limit * cfg.effective_batch_size)
-        shard = list(range(self.ctx.rank, size, self.ctx.world_size))
-        return DataLoader(val_ds, batch_size=cfg.per_device_batch_size, sampler=shard)
+        world, per_device = self.ctx.world_size, cfg.per_device_batch_size
+        shard = list(range(self.ctx.rank, size, world))
+        # the largest share's batches: every rank runs this many forwards (see _evaluate)
+        self._val_rounds = math.ceil(math.ceil(size / world) / per_device)
+        return DataLoader(val_ds, batch_size=per_device, sampler=shard)
 
     def _resume(self, ckpt: CheckpointManager, run: _Run) -> int:
         """Loads the newest checkpoint, or refuses in one line (:class:`ResumeError`).
@@ -602,6 +623,18 @@ class Trainer:
             seed_everything(self.config.seed + 1_000_003 * step, rank=self.ctx.rank)
         return step
 
+    def _task_extra(self, model: nn.Module) -> dict[str, Any]:
+        """What the task puts in every checkpoint (a Hugging Face model: what export needs)."""
+        if self._extra is None:
+            from gpu_training.tasks.hf import checkpoint_extra, is_pretrained_model
+
+            inner = unwrap_model(model)
+            make = self.task.checkpoint_extra if self.task is not None else None
+            if make is None and is_pretrained_model(inner):  # a PreTrainedModel by import string
+                make = checkpoint_extra
+            self._extra = make(inner) if make is not None else {}
+        return self._extra
+
     def _save(self, ckpt: CheckpointManager, run: _Run, step: int) -> Path | None:
         if run.kind == "torch":
             state = capture_training_state(
@@ -613,10 +646,11 @@ class Trainer:
                 amp=run.amp,
                 sampler=run.sampler,
                 generators=run.generators,
-                extra={"trackers": self._tracker_runs},
+                extra={"trackers": self._tracker_runs, **self._task_extra(run.model)},
             )
             return ckpt.save(state, step=step)
         extra: dict[str, Any] = {
+            **self._task_extra(run.model),
             "step": step,
             "scheduler_state": run.scheduler.state_dict(),
             "sampler_state": run.sampler.state_dict(),

@@ -108,6 +108,8 @@ class _Attempt:
 
     def __init__(self) -> None:
         self.error: str | None = None
+        self.exc: BaseException | None = None
+        """What was raised, kept for a traceback when it is re-raised on this rank alone."""
         self.interrupt: BaseException | None = None
 
     def __enter__(self) -> _Attempt:
@@ -122,6 +124,7 @@ class _Attempt:
         if exc is None:
             return False
         self.error = _describe(exc)
+        self.exc = exc
         if not isinstance(exc, _CAUGHT):  # KeyboardInterrupt: re-raised after the exchange
             self.interrupt = exc
         return True
@@ -331,8 +334,18 @@ def save_directory(
 
         written: set[str] = set()
         entries: list[dict[str, Any]] = []
-        with _Attempt() as attempt:
+        with _Attempt() as writing:
             written = write(shared_tmp)
+        if writing.error is not None and _distributed(ctx):
+            # The peers may be inside the writer's own collectives (DeepSpeed's barrier): an
+            # exchange now would never complete. This rank fails at once; once it is gone
+            # their collective fails too, and torchrun names this rank (no barrier, no wait).
+            if writing.interrupt is not None:
+                raise writing.interrupt
+            raise CheckpointError(f"{what}: rank {ctx.rank}: {writing.error}") from writing.exc
+        with _Attempt() as attempt:
+            if writing.error is not None:  # one process: reported through the exchange below
+                raise CheckpointError(writing.error)
             entries = _own_files(shared_tmp, ctx)
         every = settle(attempt, entries)
 
@@ -403,12 +416,16 @@ def _candidates(
             )
         return [(path, manifest)]
     found_dirs = []
+    damaged: list[str] = []
     for _, path in reversed(manager._step_dirs()):
         manifest, problems = _inspect(path, checksums=False)
         if manifest is not None and not problems and state_format(manifest) == fmt:
             found_dirs.append((path, manifest))
+        elif problems:
+            damaged.append(f"{path.name}: {problems[0]}")
     if not found_dirs:
-        raise CheckpointError(f"no committed {_kind(fmt)} checkpoint in {manager.directory}")
+        why = f" (damaged: {'; '.join(damaged)})" if damaged else ""
+        raise CheckpointError(f"no committed {_kind(fmt)} checkpoint in {manager.directory}{why}")
     return found_dirs
 
 

@@ -122,26 +122,37 @@ class _SafeReader(FileSystemReader):
         return metadata
 
 
-def _check_bytes(read_item: ReadItem, value: io.BytesIO) -> None:
+def _check_bytes(read_item: ReadItem, value: io.BytesIO, where: str) -> None:
     """Refuses a non-tensor value that ``torch.load(weights_only=True)`` would not build.
 
     DCP unpickles non-tensor values (optimizer hyper-parameters...) with
     ``weights_only=False``, so this check runs first, on the same bytes.
     """
+    from gpu_training.checkpoint.safe_load import refused_message
+
     try:
         torch.load(value, map_location="cpu", weights_only=True)
     except Exception as exc:
-        reason = " ".join(str(exc).split())[:400]
-        raise CheckpointError(
-            f"refused to load {read_item.dest_index.fqn!r}: not a plain value "
-            f"(torch.load weights_only=True says: {reason})"
-        ) from exc
+        message = refused_message(f"{where} (value {read_item.dest_index.fqn!r})", exc, hint=None)
+        if message is None:
+            message = (
+                f"could not read {where} (value {read_item.dest_index.fqn!r}): "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            )
+        raise CheckpointError(message) from exc
     value.seek(0)
+
+
+def _file_of(planner: Any, read_item: ReadItem) -> str:
+    """The checkpoint file a value is read from, as the index names it."""
+    storage = getattr(getattr(planner, "metadata", None), "storage_data", None) or {}
+    info = storage.get(read_item.storage_index)
+    return str(info.relative_path) if info is not None else "a file of the checkpoint"
 
 
 class _SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        _check_bytes(read_item, value)
+        _check_bytes(read_item, value, _file_of(self, read_item))
         super().load_bytes(read_item, value)
 
 
@@ -168,7 +179,7 @@ def load_everything(path: Path) -> dict[str, Any]:
 
     class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
         def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-            _check_bytes(read_item, value)
+            _check_bytes(read_item, value, str(path / _file_of(self, read_item)))
             super().load_bytes(read_item, value)
 
     _read_metadata(path / _DCP_METADATA)  # a clear error before DCP's own fallbacks

@@ -69,6 +69,7 @@ from gpu_training.checkpoint.files import (
 )
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 from gpu_training.checkpoint.offline import Resumable, find_resumable
+from gpu_training.checkpoint.safe_load import refused_message
 from gpu_training.checkpoint.snapshot import _Buffers, _Snapshot, snapshot_state
 from gpu_training.ddp import DistributedContext
 
@@ -347,12 +348,8 @@ class CheckpointManager:
         try:
             state = torch.load(file, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as exc:
-            reason = str(exc).strip().splitlines()
-            raise CheckpointError(
-                f"refused to load {file}: it holds objects outside torch's weights_only "
-                f"allowlist, and unpickling them could run arbitrary code (nothing from the "
-                f"file was executed). torch says: {' '.join(reason)[:600]}"
-            ) from exc
+            # one line, and not torch's advice to re-run with weights_only=False
+            raise CheckpointError(refused_message(file, exc, hint=None) or str(exc)) from exc
         except Exception as exc:
             raise CheckpointError(f"could not load {file}: {type(exc).__name__}: {exc}") from exc
         if not isinstance(state, dict):

@@ -60,6 +60,7 @@ from gpu_training.checkpoint.files import (
     _step_name,
 )
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
+from gpu_training.checkpoint.safe_load import check_dcp_storage, refused_message
 
 __all__ = [
     "CONSOLIDATED_SUFFIXES",
@@ -105,7 +106,11 @@ def load_plain(file: Path) -> dict[str, Any]:
     try:
         value = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"could not load {file}: {type(exc).__name__}: {exc}") from exc
+        # torch's own text suggests weights_only=False: the one advice not to give here
+        message = refused_message(file, exc, hint=None)  # weights_only, whatever the trust
+        if message is None:
+            message = f"could not load {file}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        raise CheckpointError(message) from exc
     if not isinstance(value, dict):
         raise CheckpointError(f"{file} holds a {type(value).__name__}, expected a dict")
     return value
@@ -152,12 +157,19 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     if _is_step_dir(path):
         return path
     steps = _step_dirs(path)
+    damaged: list[str] = []
     for step_dir in reversed(steps):
-        if not _inspect(step_dir, checksums=False)[1]:
+        problems = _inspect(step_dir, checksums=False)[1]
+        if not problems:
             return step_dir
+        damaged.append(f"{step_dir.name}: {problems[0]}")
     if not steps:
         raise CheckpointError(f"{path}: no checkpoint (no step-XXXXXXXX directory)")
-    raise CheckpointError(f"{path}: none of its {len(steps)} step directories is committed")
+    more = f"; and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+    raise CheckpointError(
+        f"{path}: none of its {len(steps)} step directories is committed and intact "
+        f"({'; '.join(damaged[:3])}{more})"
+    )
 
 
 class Resumable(NamedTuple):
@@ -195,9 +207,7 @@ class Resumable(NamedTuple):
         )
 
 
-def find_resumable(
-    root: str | os.PathLike[str], *, verify_checksums: bool = False
-) -> Resumable:
+def find_resumable(root: str | os.PathLike[str], *, verify_checksums: bool = False) -> Resumable:
     """The newest intact checkpoint under ``root`` and the damaged ones newer than it.
 
     Read-only. A step directory counts as damaged when its manifest is missing or invalid,
@@ -276,6 +286,7 @@ def _full_state(
     if state_format(manifest) == SHARDED_FORMAT:
         from gpu_training.checkpoint.dcp_read import load_everything  # imports DCP: ~1 s
 
+        check_dcp_storage(step_dir, [str(e["name"]) for e in manifest["files"]])
         loaded = load_everything(step_dir)
         out: dict[str, Any] = {"model_state": loaded.get("model")}
         if "optim" in loaded:

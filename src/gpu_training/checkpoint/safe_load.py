@@ -38,6 +38,7 @@ from typing import Any
 __all__ = [
     "DEEPSPEED_SAFE_GLOBALS",
     "TRUST_HINT",
+    "check_dcp_storage",
     "check_pickles",
     "refused_message",
     "weights_only_loads",
@@ -115,16 +116,20 @@ def weights_only_loads(allow: Iterable[str] = ()) -> Iterator[None]:
                         os.environ[key] = value
 
 
-def refused_message(file: Path | str, exc: BaseException) -> str | None:
+def refused_message(
+    file: Path | str, exc: BaseException, *, hint: str | None = TRUST_HINT
+) -> str | None:
     """The one-line refusal for ``exc`` if it is a ``weights_only`` refusal, else None.
 
     Args:
         file: The file (or directory) that was being read.
         exc: What the reader raised (possibly wrapping the unpickling error).
+        hint: What the user can do, last (None where ``--trust-checkpoint`` would not help:
+            plain and sharded files are read with ``weights_only`` whatever the trust).
 
     Returns:
-        ``"refused to read FILE: ..."`` naming the global torch refused and
-        :data:`TRUST_HINT`; None when ``exc`` is some other error.
+        ``"refused to read FILE: ..."`` naming the global torch refused, then ``hint``;
+        None when ``exc`` is some other error.
     """
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -135,13 +140,15 @@ def refused_message(file: Path | str, exc: BaseException) -> str | None:
             return (
                 f"refused to read {file}: it holds objects outside the weights_only allow-list, "
                 f"and unpickling them could run code (nothing from it was executed; "
-                f"{_culprit(text)}); {TRUST_HINT}"
+                f"{_culprit(text)})" + (f"; {hint}" if hint else "")
             )
         current = current.__cause__ or current.__context__
     return None
 
 
-def check_pickles(files: Iterable[Path], allow: Iterable[str] = ()) -> None:
+def check_pickles(
+    files: Iterable[Path], allow: Iterable[str] = (), *, hint: str | None = TRUST_HINT
+) -> None:
     """Refuses the first file that ``torch.load(weights_only=True)`` would not read.
 
     Run before a third-party reader gets the files, so the refusal names the file (the
@@ -151,6 +158,7 @@ def check_pickles(files: Iterable[Path], allow: Iterable[str] = ()) -> None:
     Args:
         files: ``torch.save`` files (``.pt``).
         allow: Extra classes allowed, as for :func:`weights_only_loads`.
+        hint: What a refusal tells the user to do (see :func:`refused_message`).
 
     Raises:
         CheckpointError: Naming the file and the refused global, with :data:`TRUST_HINT`;
@@ -166,10 +174,64 @@ def check_pickles(files: Iterable[Path], allow: Iterable[str] = ()) -> None:
             with torch.serialization.safe_globals(allowed):
                 torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:
-            message = refused_message(file, exc)
+            message = refused_message(file, exc, hint=hint)
             if message is None:
                 message = f"could not read {file}: {type(exc).__name__}: {_short(exc)}"
             raise CheckpointError(message) from exc
+
+
+def check_dcp_storage(step_dir: Path, files: Iterable[str]) -> None:
+    """A DCP checkpoint's index reads only its own ``files``, and its pickled values are data.
+
+    DCP's ``.metadata`` says which file and byte range holds each value, and DCP opens
+    ``step_dir / relative_path`` as written: a hostile index could read any file on the
+    machine into the weights. Its non-tensor values are unpickled with ``weights_only=False``
+    by DCP: each is checked here with ``weights_only=True`` first (the load planners check
+    them again), so that the refusal names the file before any reader starts.
+
+    Args:
+        step_dir: A sharded (``"dcp"``) step directory.
+        files: The names its manifest lists (and vouches for).
+
+    Raises:
+        CheckpointError: The index names a file outside ``files``, or a value holds objects
+            outside the ``weights_only`` allow-list (nothing is executed), naming both.
+    """
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from gpu_training.checkpoint.dcp_read import _read_metadata
+    from gpu_training.checkpoint.files import CheckpointError
+
+    metadata = _read_metadata(step_dir / ".metadata")
+    listed = set(files)
+    values = {
+        fqn
+        for fqn, meta in metadata.state_dict_metadata.items()
+        if isinstance(meta, BytesStorageMetadata)
+    }
+    for index, info in (metadata.storage_data or {}).items():
+        name = str(info.relative_path)
+        if name not in listed:
+            raise CheckpointError(
+                f"{step_dir / '.metadata'}: {index.fqn!r} is stored in {name!r}, which is not "
+                "a file of this checkpoint's manifest (refusing to read outside it)"
+            )
+        if index.fqn not in values or getattr(info, "transform_descriptors", None):
+            continue  # tensors load with weights_only; transformed bytes: the planner checks
+        with open(step_dir / name, "rb") as f:
+            f.seek(info.offset)
+            blob = f.read(info.length)
+        try:
+            torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            refusal = refused_message(step_dir / name, exc, hint=None)
+            detail = (refusal or "").removeprefix("refused to read ") or (
+                f"{step_dir / name}: {type(exc).__name__}: {_short(exc)}"
+            )
+            raise CheckpointError(f"refused to load {index.fqn!r} from {detail}") from exc
 
 
 def _short(exc: BaseException) -> str:

@@ -47,6 +47,7 @@ One plain file for inference: :func:`~gpu_training.checkpoint.offline.consolidat
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -74,15 +75,18 @@ from gpu_training.checkpoint.collective import (
     save_directory,
 )
 from gpu_training.checkpoint.dcp_read import (
-    _DCP_METADATA,
-    _read_metadata,
     _SafeLoadPlanner,
     _SafeReader,
     load_everything,
 )
-from gpu_training.checkpoint.files import EXTRA_NAME, SHARDED_FORMAT, CheckpointError
+from gpu_training.checkpoint.files import (
+    EXTRA_NAME,
+    MANIFEST_NAME,
+    SHARDED_FORMAT,
+    CheckpointError,
+)
 from gpu_training.checkpoint.offline import load_plain
-from gpu_training.checkpoint.safe_load import weights_only_loads
+from gpu_training.checkpoint.safe_load import check_dcp_storage, weights_only_loads
 
 if TYPE_CHECKING:
     from gpu_training.checkpoint.manager import CheckpointManager
@@ -219,7 +223,9 @@ def load_sharded(
 
     state: dict[str, Any] = {}
     with _Attempt() as prepare:
-        _read_metadata(chosen / _DCP_METADATA)
+        # the index must read only files the manifest vouches for, and hold plain values only
+        manifest = json.loads((chosen / MANIFEST_NAME).read_text())
+        check_dcp_storage(chosen, [str(e["name"]) for e in manifest["files"]])
         state = _training_state(model, optimizer)
     _settle(ctx, prepare, what)  # before dcp.load: its collectives need every rank
 

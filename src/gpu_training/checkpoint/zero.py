@@ -121,10 +121,25 @@ def _guarded(trusted: bool) -> Iterator[None]:
 
 
 def _pickle_files(step_dir: Path, share: slice = slice(None)) -> list[Path]:
-    """The ``.pt`` files the manifest lists (this rank's share of them)."""
+    """DeepSpeed's ``.pt`` files the manifest lists (this rank's share), not ``extra.pt``."""
     manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
-    names = sorted(e["name"] for e in manifest["files"] if str(e["name"]).endswith(".pt"))
+    names = sorted(
+        str(e["name"])
+        for e in manifest["files"]
+        if str(e["name"]).endswith(".pt") and e["name"] != EXTRA_NAME
+    )
     return [step_dir / name for name in names[share]]
+
+
+def _check_files(step_dir: Path, share: slice = slice(None)) -> None:
+    """DeepSpeed's files hold only the allow-listed classes; ``extra.pt`` only plain data.
+
+    ``extra.pt`` is ours, read with ``weights_only`` whatever the trust: its refusal does not
+    suggest ``--trust-checkpoint``, which could not help.
+    """
+    check_pickles(_pickle_files(step_dir, share), DEEPSPEED_SAFE_GLOBALS)
+    if share.start in (None, 0) and (step_dir / EXTRA_NAME).exists():
+        check_pickles([step_dir / EXTRA_NAME], hint=None)
 
 
 def load_deepspeed(
@@ -164,10 +179,7 @@ def load_deepspeed(
     extra: dict[str, Any] = {}
     with _Attempt() as check:
         if not trusted:  # each rank a share: the refusal names the file
-            check_pickles(
-                _pickle_files(chosen, slice(ctx.rank, None, ctx.world_size)),
-                DEEPSPEED_SAFE_GLOBALS,
-            )
+            _check_files(chosen, slice(ctx.rank, None, ctx.world_size))
         manifest_world = _saved_world_size(chosen)
         if manifest_world != ctx.world_size:
             raise CheckpointError(
@@ -227,7 +239,7 @@ def deepspeed_model_state(step_dir: Path, *, trusted: bool = False) -> dict[str,
             allow-list (nothing runs), or the files cannot be read.
     """
     if not trusted:
-        check_pickles(_pickle_files(step_dir), DEEPSPEED_SAFE_GLOBALS)
+        _check_files(step_dir)
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as exc:

@@ -195,12 +195,20 @@ def _check_target_exists(target: str) -> None:
         kind = "job file" if _is_config(target) else "script"
         raise _usage(f"SCRIPT_OR_CONFIG: {kind} {target!r} does not exist")
     if not path.is_file():
-        raise _usage(f"SCRIPT_OR_CONFIG: {target!r} is not a file")
+        what = "a directory" if path.is_dir() else "a special file"
+        raise _usage(
+            f"SCRIPT_OR_CONFIG: {target!r} is not a file ({what}); expected a script or a job file"
+        )
 
 
-def _check_job(config: str, train_args: list[str]) -> None:
-    """Loads the job and its ``--set`` overrides like ``train`` will, on every rank."""
+def _check_job(config: str, train_args: list[str], ranks: tuple[int, int] | None) -> None:
+    """Loads the job and its ``--set`` overrides like ``train`` will, on every rank.
+
+    ``ranks`` (processes per node, nodes), when known here: the global batch must split over
+    them, or every rank would fail at its first step.
+    """
     from gpu_training.cli import UsageError, build_parser
+    from gpu_training.config import ConfigError
     from gpu_training.job import load_job
     from gpu_training.trainer import check_job
 
@@ -210,7 +218,16 @@ def _check_job(config: str, train_args: list[str]) -> None:
         raise _usage(f"ARGS for the job: {str(err).removeprefix('train: ')}") from None
     if parsed.nproc != 1:
         raise _usage("give the process count to launch (--nproc N before CONFIG), not in ARGS")
-    check_job(load_job(config, list(parsed.overrides)))
+    job = load_job(config, list(parsed.overrides))
+    check_job(job)
+    if ranks is None:
+        return
+    nproc, nnodes = ranks
+    flags = f"--nproc {nproc}" + (f" x --nnodes {nnodes}" if nnodes > 1 else "")
+    try:
+        job.training.for_world_size(nproc * nnodes)
+    except ConfigError as err:
+        raise ConfigError(f"{flags}: {err}", "training.global_batch_size") from None
 
 
 def _default_nproc() -> int:
@@ -230,7 +247,10 @@ def _run_launch(args: argparse.Namespace) -> int:
     if not args.k8s:  # in --k8s mode the path is inside the image
         _check_target_exists(target)
         if config:
-            _check_job(target, script_args)
+            # a local launch's ranks skip train's own checks (they run under torchrun)
+            local = not (args.slurm or args.k8s)
+            nproc = args.nproc if args.nproc is not None else _default_nproc()
+            _check_job(target, script_args, (nproc, args.nnodes) if local else None)
     if config:  # every rank runs `python -m gpu_training train CONFIG ARGS`
         script_args = ["train", target, *script_args]
     run_target = "gpu_training" if config else target
