@@ -1,14 +1,18 @@
 """``gpu-training doctor``: a coherent report here, warnings on inconsistent GPU launches,
-and the multi-node probe across two torchrun agents on 127.0.0.1."""
+the bug-report environment (OS, CPU, this package and its extras), and the multi-node probe
+across two torchrun agents on 127.0.0.1."""
 
 from __future__ import annotations
 
 import json
+import platform
+import re
 import threading
 from pathlib import Path
 
 import pytest
 
+import gpu_training
 from dist_harness import REPO_ROOT, find_free_port, run_python
 from gpu_training.cli import main
 from gpu_training.diagnostics.doctor import (
@@ -24,6 +28,7 @@ from gpu_training.diagnostics.doctor import (
     visible_device_count,
 )
 from gpu_training.diagnostics.doctor_probe import probe_nodes
+from gpu_training.diagnostics.environment import EXTRAS, extra_versions, summary_line
 
 
 def _by_name(checks: list[DoctorCheck]) -> dict[str, DoctorCheck]:
@@ -54,7 +59,8 @@ def test_cpu_machine_report_is_coherent_and_exits_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["doctor", "--nproc", "2", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
-    out = capsys.readouterr().out.splitlines()
+    summary, *out = capsys.readouterr().out.splitlines()
+    assert summary.startswith(f"gpu-training {gpu_training.__version__} | torch ")
     names = [line.split()[1] for line in out[:-1] if line[:4] in ("OK  ", "WARN", "FAIL")]
     for expected in (
         "python",
@@ -65,8 +71,11 @@ def test_cpu_machine_report_is_coherent_and_exits_0(
         "nproc",
         "bf16",
         "cpu",
+        "os",
         "interfaces",
         "variables",
+        "package",
+        "extras",
         "disk",
     ):
         assert expected in names, out
@@ -86,6 +95,73 @@ def test_json_output_in_a_fresh_process() -> None:
     assert data["ok"] is True
     assert {c["status"] for c in data["checks"]} <= {OK, WARN, FAIL}
     assert {"python", "torch", "gpus", "disk"} <= {c["name"] for c in data["checks"]}
+    env = data["environment"]
+    assert env["package"] == gpu_training.__version__
+    assert env["os"]["kernel"] == platform.release() and env["os"]["system"] == platform.system()
+    assert env["cpu"]["usable"] >= 1 and env["python"] == platform.python_version()
+    assert env["extras"] == extra_versions()  # the same versions pip would print
+    assert env["summary"].startswith(f"gpu-training {gpu_training.__version__} | torch ")
+
+
+def test_extra_versions_agree_with_pip() -> None:
+    """Read from metadata, nothing imported: the versions ``pip list`` reports, or None."""
+    proc = run_python(["-m", "pip", "list", "--format", "json"], timeout=60, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    pip = {d["name"].lower().replace("_", "-"): d["version"] for d in json.loads(proc.stdout)}
+    versions = extra_versions()
+    assert list(versions) == list(EXTRAS)
+    for name, dists in EXTRAS.items():
+        found = [pip[d] for d in dists if d in pip]
+        assert versions[name] == (found[0] if found else None), name
+    assert versions["deepspeed"] is not None  # the Makefile installs every CPU-capable extra
+
+
+def test_text_report_names_the_package_and_every_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor", "--checkpoint-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    by_line = {line.split()[1]: line for line in text.splitlines() if line.startswith(OK)}
+    assert f"gpu-training {gpu_training.__version__}" in by_line["package"]
+    extras = by_line["extras"]
+    for name, version in extra_versions().items():
+        assert name in extras
+        if version is not None:
+            assert f"{name} {version}" in extras and f"{name} {version}" in text.splitlines()[0]
+        else:
+            assert re.search(rf"not installed: .*\b{re.escape(name)}\b", extras), name
+    assert platform.release() in by_line["os"]
+
+
+def test_extras_table_covers_every_optional_dependency() -> None:
+    """Each package of pyproject's extras (but dev's tools) has its line in the report."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    known = {dist for dists in EXTRAS.values() for dist in dists}
+    for extra, requirements in project["optional-dependencies"].items():
+        if extra == "dev":
+            continue
+        for requirement in requirements:
+            name = re.match(r"[A-Za-z0-9_.-]+", requirement)
+            assert name is not None
+            normal = name.group(0).lower().replace("_", "-")
+            assert normal in known, f"extra '{extra}': {normal} is missing from doctor's EXTRAS"
+
+
+def test_summary_line_and_environment_lines_from_facts() -> None:
+    facts = _gpu_box(None, 2)
+    facts.package, facts.system, facts.kernel, facts.machine = "0.1.0", "Linux", "6.8.0", "x86_64"
+    facts.distro, facts.cpu_model, facts.cpu_count = "Ubuntu 24.04 LTS", "AMD EPYC 9654", 192
+    facts.extras = {"deepspeed": "0.19.8", "wandb": None}
+    assert summary_line(facts) == (
+        "gpu-training 0.1.0 | torch 2.13.0+cu128 | CUDA 12.8 (2x NVIDIA H100 80GB HBM3, "
+        "driver 570.86) | Linux 6.8.0 x86_64 | Python 3.11.7 | deepspeed 0.19.8"
+    )
+    checks = _by_name(judge(facts))
+    assert checks["os"].value == "Linux 6.8.0 x86_64, Ubuntu 24.04 LTS"
+    assert checks["cpu"].value == "64 of 192 usable core(s) (AMD EPYC 9654)"
+    assert checks["package"].value == "gpu-training 0.1.0"
+    assert checks["extras"].value == "deepspeed 0.19.8; not installed: wandb"
 
 
 @pytest.mark.parametrize(

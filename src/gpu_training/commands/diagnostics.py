@@ -1,6 +1,7 @@
 """``gpu-training lint``, ``verify`` and ``doctor``: catch the mistakes before they cost a day.
 
-* ``lint PATH...`` — static checks of training scripts (exit 1 when something is found);
+* ``lint PATH...`` — static checks of training scripts (exit 1 when something is found, 4
+  when a file could not be parsed, 5 for both);
 * ``verify`` — run a model and data on N ranks and check sharding, gradient sync,
   accumulation and checkpoint round-trips (exit 1 when a check fails);
 * ``doctor`` — the environment as a job will see it (exit 1 on a FAIL line).
@@ -31,9 +32,17 @@ def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):  # nan fails both comparisons
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A timeout: seconds > 0 (0 would kill the ranks before they start)."""
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
     return value
 
 
@@ -47,15 +56,36 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 # --- lint -------------------------------------------------------------------------------------
 
 
+_LINT_EPILOG = """\
+severities:
+  bug      reported by default: a mistake that costs a run (wrong data, a hang, a corrupt
+           checkpoint, wasted all-reduces)
+  hygiene  only with --hygiene (or --select CODE): printing from every rank (GT008), a
+           learning rate that is not scaled (GT010); shown as 'CODE [hygiene]'
+
+exit status:
+  0  every file linted, nothing found
+  1  something found
+  2  bad usage: no PATH, a missing path, a named file that is not Python, an unknown
+     code (one 'gpu-training: error:' line; nothing linted)
+  4  some file could not be read or parsed (one ERROR row each; the others were linted)
+  5  both 1 and 4
+
+The project's own modules that the files import (utils.py next to main.py, a package's
+__init__.py) are read too, so helpers count for what they do."""
+
+
 def _add_lint(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
         "lint",
         help="find distributed-training mistakes in scripts without running them",
         description=(
             "Check Python training scripts for the classic DDP/AMP/checkpoint mistakes (one "
-            "rule per pitfall, GT001...). Prints 'path:line:col: CODE message'; exit code 1 "
-            "when something is found. Silence one line with '# noqa: GT003'."
+            "rule per pitfall, GT001...). Prints 'path:line:col: CODE message (evidence)'. "
+            "Silence one line with '# noqa: GT003'."
         ),
+        epilog=_LINT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files or directories")
     parser.add_argument(
@@ -68,6 +98,11 @@ def _add_lint(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--ignore", action="append", type=_codes, metavar="CODES", help="leave these codes out"
     )
+    parser.add_argument(
+        "--hygiene",
+        action="store_true",
+        help="also report the hygiene rules (GT008 printing from every rank, GT010 LR)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output")
     parser.add_argument("--explain", metavar="CODE", help="explain a rule: why, fix, guide")
     parser.add_argument("--list-rules", action="store_true", help="list the rules")
@@ -78,6 +113,7 @@ def _run_lint(args: argparse.Namespace) -> int:
     from gpu_training.cli import UsageError
     from gpu_training.diagnostics.lint import (
         LintError,
+        exit_code,
         format_json,
         format_text,
         lint_paths,
@@ -94,16 +130,21 @@ def _run_lint(args: argparse.Namespace) -> int:
             ) from None
         return 0
     if args.list_rules:
-        print("\n".join(f"{r.code} {r.name:<30} {r.message}" for r in RULES.values()))
+        print(
+            "\n".join(f"{r.code} {r.name:<30} {r.severity:<8} {r.message}" for r in RULES.values())
+        )
         return 0
     select = None if args.select is None else [c for group in args.select for c in group]
     ignore = None if args.ignore is None else [c for group in args.ignore for c in group]
     try:
-        findings, files = lint_paths(args.paths, select=select, ignore=ignore)
+        report = lint_paths(args.paths, select=select, ignore=ignore, hygiene=args.hygiene)
     except LintError as err:
         raise UsageError(f"lint: {err}") from None
-    print(format_json(findings) if args.format == "json" else format_text(findings, files))
-    return _EXIT_FOUND if findings else 0
+    if args.format == "json":
+        print(format_json(report.findings, report.errors))
+    else:
+        print(format_text(report.findings, report.files, report.errors))
+    return exit_code(report)
 
 
 # --- verify -----------------------------------------------------------------------------------
@@ -117,11 +158,14 @@ def _add_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="prove sharding, gradient sync and checkpoints right on your model (N ranks)",
         description=(
             "Start N ranks and check a model and its data: sampler shards disjoint, complete "
-            "and reshuffled; identical parameters; DDP gradients equal to the single-process "
-            "gradient of the concatenated batch; accumulation with no_sync equal to the big "
-            "batch; a checkpoint round-trip that reproduces the next step exactly. The setup "
+            "and reshuffled; the same samples on every rank; identical parameters and "
+            "buffers; every parameter used (unused ones named); DDP gradients equal to the "
+            "single-process gradient of the concatenated batch; accumulation with no_sync "
+            "equal to the big batch, one all-reduce per window; a checkpoint round-trip that "
+            "reproduces the next step exactly. The setup "
             "is the built-in task (default charlm), --model/--data import strings, or a job "
-            "file (--config). Exit code 1 when a check fails."
+            "file (--config). Exit code 1 when a check fails. Trust: import strings and job "
+            "files are code: what they name is imported and called, like a script."
         ),
     )
     source = parser.add_argument_group("what to verify (one of)")
@@ -136,7 +180,12 @@ def _add_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     source.add_argument("--model", metavar="IMPORT", help="pkg.mod:fn returning an nn.Module")
     source.add_argument("--data", metavar="IMPORT", help="pkg.mod:fn returning (train, val)")
-    source.add_argument("--loss", metavar="IMPORT", help="pkg.mod:fn loss (default cross-entropy)")
+    source.add_argument(
+        "--loss",
+        metavar="IMPORT",
+        help="pkg.mod:fn(outputs, targets) loss (default: cross-entropy of the logits, or of a "
+        "model output's .logits, e.g. a Hugging Face model's)",
+    )
     source.add_argument("--config", metavar="JOB", help="a job file; its task section is used")
     add_set_argument(source, "training.per_device_batch_size=4")
     parser.add_argument(
@@ -172,7 +221,7 @@ def _add_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--atol", type=_non_negative_float, default=1e-6, help="absolute tolerance")
     parser.add_argument("--seed", type=int, default=0, help="seed for the model and batches")
     parser.add_argument(
-        "--timeout", type=_non_negative_float, default=None, metavar="S", help="kill after S s"
+        "--timeout", type=_seconds, default=None, metavar="S", help="kill after S s"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(_run=_run_verify)
@@ -247,10 +296,12 @@ def _add_doctor(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="check the environment a job will see (versions, GPUs, network, disk)",
         description=(
             "Report Python, torch, CUDA, cuDNN and NCCL versions, the GPUs against "
-            "CUDA_VISIBLE_DEVICES and --nproc, bf16 support, network interfaces and socket "
-            "variables, the rendezvous endpoint and free disk, each OK / WARN / FAIL with a "
-            "fix. With --nnodes > 1 (run the same command on every node) a tiny torchrun job "
-            "checks versions on every node and an all-reduce. Exit code 1 on a FAIL."
+            "CUDA_VISIBLE_DEVICES and --nproc, bf16 support, the CPU, OS and kernel, network "
+            "interfaces and socket variables, this package's and its optional extras' "
+            "versions, the rendezvous endpoint and free disk, each OK / WARN / FAIL with a "
+            "fix, under a one-line summary to paste into a bug report. With --nnodes > 1 (run "
+            "the same command on every node) a tiny torchrun job checks versions on every "
+            "node and an all-reduce. Exit code 1 on a FAIL."
         ),
     )
     parser.add_argument("--nproc", type=_positive_int, metavar="N", help="processes per node")
@@ -272,18 +323,26 @@ def _add_doctor(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=_non_negative_float,
+        type=_seconds,
         default=120.0,
         metavar="S",
         help="seconds for the multi-node probe (default 120)",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="print the report as JSON (with 'environment')"
+    )
     parser.set_defaults(_run=_run_doctor)
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
     from gpu_training.cli import UsageError
-    from gpu_training.diagnostics.doctor import exit_code, format_json, format_report, run_doctor
+    from gpu_training.diagnostics.doctor import (
+        collect_facts,
+        exit_code,
+        format_json,
+        format_report,
+        run_doctor,
+    )
     from gpu_training.diagnostics.doctor_probe import probe_nodes
     from gpu_training.launcher import parse_endpoint
 
@@ -296,12 +355,14 @@ def _run_doctor(args: argparse.Namespace) -> int:
             parse_endpoint(args.rdzv_endpoint)
         except ValueError as err:
             raise UsageError(f"doctor: --rdzv-endpoint: {err}") from None
+    facts = collect_facts()
     checks = run_doctor(
         nproc=args.nproc,
         nnodes=args.nnodes,
         rdzv_endpoint=args.rdzv_endpoint,
         checkpoint_dir=args.checkpoint_dir,
         min_free_gib=args.min_free_gib,
+        facts=facts,
     )
     if args.nnodes > 1:
         checks += probe_nodes(
@@ -311,5 +372,5 @@ def _run_doctor(args: argparse.Namespace) -> int:
             rdzv_id=args.rdzv_id,
             timeout=args.timeout,
         )
-    print(format_json(checks) if args.json else format_report(checks))
+    print(format_json(checks, facts) if args.json else format_report(checks, facts))
     return exit_code(checks)

@@ -1,9 +1,12 @@
 """``gpu-training doctor``: the environment as this job will see it, one verdict per line.
 
 Python, torch, CUDA, cuDNN and NCCL versions; the GPUs (name, memory, driver) against
-``CUDA_VISIBLE_DEVICES`` and the intended ``--nproc``; bf16 support; network interfaces and the
-``NCCL_*``/``GLOO_*`` socket variables; the rendezvous endpoint; free disk where checkpoints
-go. Each line is ``OK``, ``WARN`` or ``FAIL`` with a fix. With ``--nnodes`` and
+``CUDA_VISIBLE_DEVICES`` and the intended ``--nproc``; bf16 support; the CPU, the OS and
+kernel; network interfaces and the ``NCCL_*``/``GLOO_*`` socket variables; this package's
+version and every optional extra's (read from the installed metadata, nothing imported); the
+rendezvous endpoint; free disk where checkpoints go. Each line is ``OK``, ``WARN`` or
+``FAIL`` with a fix, under a one-line summary to paste into a bug report
+(:mod:`~gpu_training.diagnostics.environment`). With ``--nnodes`` and
 ``--rdzv-endpoint`` (run the same command on every node) it also starts a tiny ``torchrun``
 job across the nodes (:mod:`~gpu_training.diagnostics.doctor_probe`) and checks that the
 versions match everywhere and an all-reduce completes.
@@ -33,6 +36,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpu_training.diagnostics.environment import (
+    cpu_model,
+    environment,
+    extra_versions,
+    os_distro,
+    summary_line,
+)
 
 __all__ = [
     "DoctorCheck",
@@ -113,6 +124,22 @@ class Facts:
     memory_gib: float | None = None
     interfaces: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    package: str = ""
+    """This package's version (``gpu_training.__version__``)."""
+    system: str = ""
+    """``platform.system()``: ``Linux``, ``Darwin``..."""
+    kernel: str = ""
+    """``platform.release()``: the kernel's release."""
+    machine: str = ""
+    """``platform.machine()``: ``x86_64``, ``aarch64``..."""
+    distro: str | None = None
+    """The OS's name (``PRETTY_NAME`` of ``/etc/os-release``), when known."""
+    cpu_model: str | None = None
+    """The CPU's model name, when known."""
+    cpu_count: int | None = None
+    """Logical CPUs of the machine (``cpus`` is how many this process may use)."""
+    extras: dict[str, str | None] = field(default_factory=dict)
+    """Each optional extra's package -> its version, None when not installed."""
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -198,6 +225,18 @@ def collect_facts(env: Mapping[str, str] | None = None) -> Facts:
         facts.interfaces = []
     keep = (*_SOCKET_VARS, *_SHOWN_VARS, "CUDA_VISIBLE_DEVICES")
     facts.env = {k: env[k] for k in keep if k in env}
+    from gpu_training import __version__
+
+    facts.package = __version__
+    facts.system, facts.kernel, facts.machine = (
+        platform.system(),
+        platform.release(),
+        platform.machine(),
+    )
+    facts.distro = os_distro()
+    facts.cpu_model = cpu_model()
+    facts.cpu_count = os.cpu_count()
+    facts.extras = extra_versions()
     return facts
 
 
@@ -304,6 +343,9 @@ def _disk(checkpoint_dir: str, min_free_gib: float) -> DoctorCheck:
     usage = shutil.disk_usage(existing)
     free = usage.free / 2**30
     where = f"{path} ({free:.1f} GiB free of {usage.total / 2**30:.0f} GiB)"
+    if not existing.is_dir():  # a file in the way: mkdir of the checkpoint dir would fail
+        what = "is a file" if existing == path else f"is under a file ({existing})"
+        return DoctorCheck("disk", FAIL, f"{path} {what}", "point checkpoint.dir at a directory")
     if not os.access(existing, os.W_OK):
         return DoctorCheck(
             "disk", FAIL, f"{where}: {existing} is not writable", "choose a writable directory"
@@ -441,7 +483,12 @@ def judge(
             )
         )
     memory = f", {facts.memory_gib:.0f} GiB memory" if facts.memory_gib else ""
-    add(DoctorCheck("cpu", OK, f"{facts.cpus} usable core(s){memory}"))
+    of = f" of {facts.cpu_count}" if facts.cpu_count and facts.cpu_count != facts.cpus else ""
+    model = f" ({facts.cpu_model})" if facts.cpu_model else ""
+    add(DoctorCheck("cpu", OK, f"{facts.cpus}{of} usable core(s){model}{memory}"))
+    if facts.system:
+        distro = f", {facts.distro}" if facts.distro else ""
+        add(DoctorCheck("os", OK, f"{facts.system} {facts.kernel} {facts.machine}{distro}"))
     checks += _network_checks(facts, nnodes)
     shown = [f"{k}={facts.env[k]}" for k in _SHOWN_VARS if k in facts.env]
     add(
@@ -449,6 +496,17 @@ def judge(
             "variables", OK, ", ".join(shown) if shown else "no NCCL_*/TORCH_* debug variables set"
         )
     )
+    if facts.package:
+        add(DoctorCheck("package", OK, f"gpu-training {facts.package}"))
+    if facts.extras:
+        found = [f"{k} {v}" for k, v in facts.extras.items() if v is not None]
+        missing = [k for k, v in facts.extras.items() if v is None]
+        value = ", ".join(found) if found else "none installed"
+        add(
+            DoctorCheck(
+                "extras", OK, value + (f"; not installed: {', '.join(missing)}" if missing else "")
+            )
+        )
     if rdzv_endpoint is not None:
         checks.append(_rendezvous(rdzv_endpoint))
     if checkpoint_dir is not None:
@@ -536,15 +594,24 @@ def run_doctor(
     rdzv_endpoint: str | None = None,
     checkpoint_dir: str | None = "checkpoints",
     min_free_gib: float = 10.0,
+    facts: Facts | None = None,
 ) -> list[DoctorCheck]:
     """:func:`collect_facts` and :func:`judge` this machine (no multi-node probe).
+
+    Args:
+        nproc: Processes per node the job will start (None: not checked).
+        nnodes: Nodes of the job.
+        rdzv_endpoint: ``host:port`` to test (None: skipped).
+        checkpoint_dir: Where checkpoints go (None: skipped).
+        min_free_gib: Free space below which the disk line warns.
+        facts: Facts already collected (default: collected now).
 
     Example:
         >>> checks = run_doctor(checkpoint_dir=None)
         >>> [check.name for check in checks][:3]
         ['python', 'torch', 'cuda']
     """
-    facts = collect_facts()
+    facts = facts if facts is not None else collect_facts()
     return judge(
         facts,
         nproc=nproc,
@@ -560,16 +627,19 @@ def exit_code(checks: Sequence[DoctorCheck]) -> int:
     return 1 if any(c.status == FAIL for c in checks) else 0
 
 
-def format_report(checks: Sequence[DoctorCheck]) -> str:
-    """The report as ``gpu-training doctor`` prints it, with a summary line."""
+def format_report(checks: Sequence[DoctorCheck], facts: Facts | None = None) -> str:
+    """The report as ``gpu-training doctor`` prints it: the paste-able line (when ``facts``
+    are given), the checks, and the counts."""
     counts = {s: sum(c.status == s for c in checks) for s in (OK, WARN, FAIL)}
     summary = f"{counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL"
     width = max((len(c.name) for c in checks), default=11)
-    return "\n".join([*(c.format(width) for c in checks), summary])
+    head = [summary_line(facts)] if facts is not None else []
+    return "\n".join([*head, *(c.format(width) for c in checks), summary])
 
 
-def format_json(checks: Sequence[DoctorCheck]) -> str:
-    """``{"checks": [...], "ok": bool}`` as indented JSON."""
-    return json.dumps(
-        {"checks": [asdict(c) for c in checks], "ok": not exit_code(checks)}, indent=2
-    )
+def format_json(checks: Sequence[DoctorCheck], facts: Facts | None = None) -> str:
+    """``{"checks": [...], "ok": bool}`` (and ``"environment"`` with ``facts``) as JSON."""
+    data: dict[str, Any] = {"checks": [asdict(c) for c in checks], "ok": not exit_code(checks)}
+    if facts is not None:
+        data["environment"] = environment(facts)
+    return json.dumps(data, indent=2)

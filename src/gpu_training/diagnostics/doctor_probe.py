@@ -2,7 +2,7 @@
 
 Run the same ``gpu-training doctor --nnodes M --rdzv-endpoint HOST:PORT`` on every node: each
 starts a torchrun agent that joins the c10d rendezvous; the ranks gather their Python, torch,
-CUDA and NCCL versions and all-reduce a tensor; each node's local rank 0 writes what it saw and
+CUDA, NCCL and gpu-training versions and all-reduce a tensor; each node's local rank 0 writes what it saw and
 :func:`probe_nodes` turns it into report lines.
 
 Example:
@@ -123,10 +123,10 @@ def _judge_probe(
         )
     ]
     mismatched = []
-    for key in ("python", "torch", "cuda", "nccl"):
-        values = {str(r[key]) for r in ranks}
+    for key in ("python", "torch", "cuda", "nccl", "gpu_training"):
+        values = {str(r.get(key)) for r in ranks}
         if len(values) > 1:
-            by = ", ".join(f"{r['host']}:{r[key]}" for r in ranks)
+            by = ", ".join(f"{r['host']}:{r.get(key)}" for r in ranks)
             mismatched.append(f"{key} differs ({by})")
     if mismatched:
         checks.append(
@@ -134,17 +134,18 @@ def _judge_probe(
                 "versions",
                 FAIL,
                 "; ".join(mismatched),
-                "install the same Python, torch and CUDA on every node",
+                "install the same Python, torch, CUDA and gpu-training on every node",
             )
         )
     else:
         first = ranks[0]
+        package = f", gpu-training {first['gpu_training']}" if first.get("gpu_training") else ""
         checks.append(
             DoctorCheck(
                 "versions",
                 OK,
                 f"identical on every rank: python {first['python']}, torch {first['torch']}, "
-                f"CUDA {first['cuda']}, NCCL {first['nccl']}",
+                f"CUDA {first['cuda']}, NCCL {first['nccl']}{package}",
             )
         )
     if data["all_reduce_ok"]:
@@ -184,6 +185,7 @@ def _probe_worker(result: str) -> None:
             "torch": facts.torch,
             "cuda": facts.cuda_build,
             "nccl": facts.nccl,
+            "gpu_training": facts.package,
         }
         ranks: list[Any] = [None] * ctx.world_size
         if ctx.is_distributed:

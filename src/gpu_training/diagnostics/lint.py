@@ -1,16 +1,24 @@
 """``gpu-training lint``: find the classic distributed-training mistakes without running a script.
 
-An AST checker with one rule per pitfall of the guides (``GT001`` DataParallel … ``GT015`` no
-``destroy_process_group``; :data:`~gpu_training.diagnostics.lint_rules.RULES` lists them and
-``gpu-training lint --explain GT007`` tells why each one is a bug). It follows names through
-assignments and ``with`` blocks (``model = DDP(model)`` … ``torch.save(model.state_dict())``),
-understands rank guards (``if rank == 0``, ``if ctx.is_main_process``,
-``if dist.get_rank() == 0``, an early ``return`` on the other ranks) and treats the toolkit's
-helpers as the right way (``CheckpointManager.save`` is not an unguarded write, but it *is* a
-barrier, so it must not sit under a rank guard).
+An AST checker with one rule per pitfall of the guides (``GT001`` DataParallel … ``GT018`` a
+GPU index from the global rank; :data:`~gpu_training.diagnostics.lint_rules.RULES` lists them
+and ``gpu-training lint --explain GT007`` tells why each one is a bug). It reads the whole
+project: the files given, and the project's own modules they import (``utils.py`` beside
+``main.py``), so a helper that creates the process group, replaces ``print`` on the other
+ranks, returns a rank-0 test or builds the sampler is read for what it does. It follows names
+through assignments and ``with`` blocks (``model = DDP(model)`` …
+``torch.save(model.state_dict())``), recognises rank guards by what they compute
+(``if rank == 0``, ``if utils.is_main_process()`` whose body compares the rank with 0, an
+early ``return`` on the other ranks) and treats the toolkit's and the frameworks' helpers as
+the right way (``CheckpointManager.save`` and ``accelerator.save`` are not unguarded writes).
 
-Output is ``path:line:col: CODE message``; ``# noqa: GT003`` at the end of a line silences that
-code there (a bare ``# noqa`` silences every code).
+Rules have a severity (:data:`~gpu_training.diagnostics.lint_rules.BUG` by default;
+:data:`~gpu_training.diagnostics.lint_rules.HYGIENE` rules — printing from every rank, an LR
+that is not scaled — only when asked), and each finding says what it rests on. A file that
+cannot be read or parsed is one :class:`FileError` row; the other files are still linted.
+
+Output is ``path:line:col: CODE message (evidence)``; ``# noqa: GT003`` at the end of a line
+silences that code there (a bare ``# noqa`` silences every code).
 
 Example:
     >>> source = '''
@@ -24,8 +32,8 @@ Example:
     ... '''
     >>> for finding in lint_source(source, "train.py"):
     ...     print(finding.format())
-    train.py:7:1: GT007 every rank writes this file: guard it with a rank-0 check (save)
-    train.py:7:12: GT006 saving the DDP wrapper's state_dict(): keys get a 'module.' prefix
+    train.py:7:1: GT007 every rank writes this file: guard it with a rank-0 check (save runs on every rank: no rank-0 guard)
+    train.py:7:12: GT006 saving the DDP wrapper's state_dict(): keys get a 'module.' prefix (model is the DDP wrapper)
 """
 
 from __future__ import annotations
@@ -41,13 +49,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpu_training.diagnostics.lint_checks import check_tree
-from gpu_training.diagnostics.lint_rules import RULES, explain
+from gpu_training.diagnostics.lint_project import Project
+from gpu_training.diagnostics.lint_rules import BUG, HYGIENE, RULES, explain
+from gpu_training.diagnostics.lint_run import RawFinding, check_project
 
 __all__ = [
+    "EXIT_FOUND",
+    "EXIT_UNREADABLE",
+    "FileError",
     "Finding",
     "LintError",
+    "LintReport",
     "collect_files",
+    "exit_code",
     "explain",
     "format_json",
     "format_text",
@@ -55,6 +69,11 @@ __all__ = [
     "lint_source",
     "select_rules",
 ]
+
+EXIT_FOUND = 1
+"""Exit status bit: something was found."""
+EXIT_UNREADABLE = 4
+"""Exit status bit: some file could not be read or parsed (the others were linted)."""
 
 _PY_SUFFIXES = (".py", ".pyw", ".pyi")
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
@@ -85,23 +104,67 @@ class Finding:
     code: str
     message: str
     detail: str = ""
+    severity: str = BUG
 
     def format(self) -> str:
-        """``path:line:col: CODE message (detail)``."""
+        """``path:line:col: CODE message (detail)``; hygiene findings say ``[hygiene]``."""
         suffix = f" ({self.detail})" if self.detail else ""
-        return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}{suffix}"
+        label = " [hygiene]" if self.severity == HYGIENE else ""
+        return f"{self.path}:{self.line}:{self.col}: {self.code}{label} {self.message}{suffix}"
+
+
+@dataclass(frozen=True, order=True)
+class FileError:
+    """A file that could not be linted (unreadable, not text, a syntax error): one row.
+
+    Attributes:
+        path: The file.
+        line: 1-based line of a syntax error (0 when it is not one).
+        col: 1-based column (0 when unknown).
+        message: What is wrong, in one line.
+    """
+
+    path: str
+    line: int
+    col: int
+    message: str
+
+    def format(self) -> str:
+        """``path:line:col: ERROR message (file not linted)``."""
+        return f"{self.path}:{self.line}:{self.col}: ERROR {self.message} (file not linted)"
+
+
+@dataclass(frozen=True)
+class LintReport:
+    """What :func:`lint_paths` found.
+
+    Attributes:
+        findings: The findings, sorted by path, line, column and code.
+        files: How many files were linted.
+        errors: The files that could not be linted.
+    """
+
+    findings: list[Finding]
+    files: int
+    errors: list[FileError]
 
 
 def select_rules(
-    select: Iterable[str] | None = None, ignore: Iterable[str] | None = None
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    *,
+    hygiene: bool = False,
 ) -> frozenset[str]:
-    """The rule codes to report: ``select`` (default all) minus ``ignore``.
+    """The rule codes to report: ``select`` (default: every bug rule) minus ``ignore``.
 
     Each entry is a code (``GT003``), a prefix (``GT00``) or ``ALL``; case does not matter.
+    Hygiene rules (``GT008``, ``GT010``) are left out unless ``hygiene`` is set or ``select``
+    names them (a code, a prefix or ``ALL``).
 
     Args:
-        select: Codes or prefixes to report (None: every rule).
+        select: Codes or prefixes to report (None: every bug rule).
         ignore: Codes or prefixes to leave out.
+        hygiene: Add the hygiene rules to the default selection.
 
     Returns:
         The selected codes.
@@ -112,6 +175,8 @@ def select_rules(
     Example:
         >>> sorted(select_rules(["GT00"], ["gt001", "GT002"]))[:2]
         ['GT003', 'GT004']
+        >>> "GT008" in select_rules(), "GT008" in select_rules(hygiene=True)
+        (False, True)
     """
 
     def expand(entries: Iterable[str], flag: str) -> set[str]:
@@ -129,7 +194,10 @@ def select_rules(
             codes |= matched
         return codes
 
-    chosen = set(RULES) if select is None else expand(select, "--select")
+    if select is None:
+        chosen = {c for c, rule in RULES.items() if hygiene or rule.severity != HYGIENE}
+    else:
+        chosen = expand(select, "--select")
     if ignore is not None:
         chosen -= expand(ignore, "--ignore")
     return frozenset(chosen)
@@ -161,27 +229,42 @@ def _parse(source: str, path: str) -> ast.Module:
     try:
         return ast.parse(source, filename=path)
     except SyntaxError as err:
-        where = f"{path}:{err.lineno or 0}:{err.offset or 0}"
-        raise LintError(
-            f"{where}: syntax error: {err.msg} (lint reads valid Python only)"
-        ) from None
+        raise _Unparsable(err.lineno or 0, err.offset or 0, f"syntax error: {err.msg}") from None
     except ValueError as err:  # e.g. "source code string cannot contain null bytes"
-        raise LintError(f"{path}: not a Python source file ({err})") from None
+        raise _Unparsable(0, 0, f"not a Python source file ({err})") from None
     except RecursionError:
-        raise LintError(f"{path}: nested too deeply for the Python parser") from None
+        raise _Unparsable(0, 0, "nested too deeply for the Python parser") from None
 
 
-def _check(tree: ast.Module, source: str, path: str, codes: frozenset[str]) -> list[Finding]:
+class _Unparsable(Exception):
+    def __init__(self, line: int, col: int, message: str) -> None:
+        super().__init__(message)
+        self.line, self.col, self.message = line, col, message
+
+
+def _findings(
+    raw: list[RawFinding], source: str, path: str, codes: frozenset[str]
+) -> list[Finding]:
     noqa = _noqa_lines(source)
     findings = []
-    for raw in check_tree(tree):
-        if raw.code not in codes:
+    for found in raw:
+        if found.code not in codes:
             continue
-        silenced = noqa.get(raw.line, frozenset())
-        if silenced is None or raw.code in silenced:
+        silenced = noqa.get(found.line, frozenset())
+        if silenced is None or found.code in silenced:
             continue
-        message = RULES[raw.code].message
-        findings.append(Finding(path, raw.line, raw.col + 1, raw.code, message, raw.detail))
+        rule = RULES[found.code]
+        findings.append(
+            Finding(
+                path,
+                found.line,
+                found.col + 1,
+                found.code,
+                rule.message,
+                found.detail,
+                rule.severity,
+            )
+        )
     return findings
 
 
@@ -191,14 +274,17 @@ def lint_source(
     *,
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
+    hygiene: bool = False,
 ) -> list[Finding]:
-    """Lint Python source text.
+    """Lint Python source text (alone: no other module of its project is read).
 
     Args:
         source: The code.
         path: The name to report findings under.
-        select: Rule codes or prefixes to report (default all); see :func:`select_rules`.
+        select: Rule codes or prefixes to report (default every bug rule); see
+            :func:`select_rules`.
         ignore: Rule codes or prefixes to leave out.
+        hygiene: Report the hygiene rules too.
 
     Returns:
         The findings, sorted by line, column and code.
@@ -207,13 +293,24 @@ def lint_source(
         LintError: If the source is not valid Python or a code is unknown.
 
     Example:
-        >>> [f.code for f in lint_source("import torch\\nm = torch.nn.DataParallel(m)\\n")]
+        >>> [f.code for f in lint_source("import torch\\nm = torch.nn.DataParallel(m)\\n"
+        ...                              "loss.backward()\\n")]
         ['GT001']
         >>> lint_source("m = torch.nn.DataParallel(m)  # noqa: GT001\\n")
         []
     """
-    codes = select_rules(select, ignore)
-    return sorted(_check(_parse(source, path), source, path, codes))
+    codes = select_rules(select, ignore, hygiene=hygiene)
+    try:
+        tree = _parse(source, path)
+    except _Unparsable as err:
+        where = f"{path}:{err.line}:{err.col}"
+        raise LintError(f"{where}: {err.message} (lint reads valid Python only)") from None
+    project = Project()
+    project.add(path, tree)
+    raw = check_project(project)[path]
+    if isinstance(raw, str):
+        raise LintError(f"{path}: {raw}")
+    return sorted(_findings(raw, source, path, codes))
 
 
 def collect_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -268,14 +365,14 @@ def _read(path: Path) -> str:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as err:
-        raise LintError(f"{path}: cannot read: {err.strerror or err}") from None
+        raise _Unparsable(0, 0, f"cannot read: {err.strerror or err}") from None
     if b"\0" in data:
-        raise LintError(f"{path}: not a Python source file (binary content)")
+        raise _Unparsable(0, 0, "not a Python source file (binary content)")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         return data.decode(encoding)
     except (SyntaxError, LookupError, UnicodeDecodeError) as err:
-        raise LintError(f"{path}: not a Python source file (cannot decode it: {err})") from None
+        raise _Unparsable(0, 0, f"not a Python source file (cannot decode it: {err})") from None
 
 
 def lint_paths(
@@ -283,52 +380,106 @@ def lint_paths(
     *,
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
-) -> tuple[list[Finding], int]:
-    """Lint files and directories. Every file is read and parsed before any is checked, so
-    bad input fails before anything is reported.
+    hygiene: bool = False,
+) -> LintReport:
+    """Lint files and directories as one project.
+
+    The project's modules that the files import are read too (not reported), so helpers in
+    another file count for what they do. A file that cannot be read or parsed becomes one
+    :class:`FileError`; the others are linted.
 
     Args:
         paths: Files and directories (see :func:`collect_files`).
-        select: Rule codes or prefixes to report (default all).
+        select: Rule codes or prefixes to report (default every bug rule).
         ignore: Rule codes or prefixes to leave out.
+        hygiene: Report the hygiene rules too.
 
     Returns:
-        ``(findings, number of files checked)``.
+        The findings, the number of files linted and the files that could not be.
 
     Raises:
-        LintError: On a missing path, a non-Python file, a syntax error or an unknown code;
-            the message names the file (and line) or the code.
+        LintError: On a missing path, a file named on the command line that is not Python,
+            or an unknown code; the message names the path or the code.
     """
-    codes = select_rules(select, ignore)
-    parsed = []
-    for file in collect_files(paths):
-        source = _read(file)
-        parsed.append((_parse(source, str(file)), source, str(file)))
+    codes = select_rules(select, ignore, hygiene=hygiene)
+    files = collect_files(paths)
+    roots = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
+    project = Project(roots)
+    sources: dict[str, str] = {}
+    errors: list[FileError] = []
+    for file in files:
+        name = str(file)
+        try:
+            source = _read(file)
+            project.add(name, _parse(source, name))
+        except _Unparsable as err:
+            errors.append(FileError(name, err.line, err.col, err.message))
+            continue
+        sources[name] = source
     findings: list[Finding] = []
-    for tree, source, name in parsed:
-        findings += _check(tree, source, name, codes)
-    return sorted(findings), len(parsed)
+    for name, raw in check_project(project).items():
+        if isinstance(raw, str):
+            errors.append(FileError(name, 0, 0, raw))
+            del sources[name]
+        else:
+            findings += _findings(raw, sources[name], name, codes)
+    return LintReport(sorted(findings), len(sources), sorted(errors))
 
 
-def format_text(findings: Sequence[Finding], files: int) -> str:
-    """One line per finding, then a summary line.
+def exit_code(report: LintReport) -> int:
+    """The exit status of ``gpu-training lint``: :data:`EXIT_FOUND` (1) when something was
+    found, plus :data:`EXIT_UNREADABLE` (4) when some file could not be linted; 0 when clean.
+
+    Example:
+        >>> exit_code(LintReport([], 3, [FileError("x.py", 2, 5, "syntax error")]))
+        4
+    """
+    code = EXIT_FOUND if report.findings else 0
+    return code | (EXIT_UNREADABLE if report.errors else 0)
+
+
+def format_text(findings: Sequence[Finding], files: int, errors: Sequence[FileError] = ()) -> str:
+    """One line per finding and per file that could not be linted, then a summary line.
 
     Example:
         >>> print(format_text([], 3))
         No problems found in 3 files.
+        >>> print(format_text([], 2, [FileError("bad.py", 4, 7, "syntax error: invalid syntax")]))
+        bad.py:4:7: ERROR syntax error: invalid syntax (file not linted)
+        No problems found in 2 files; 1 file could not be linted.
     """
+    unlinted = ""
+    if errors:
+        unlinted = f"; {len(errors)} file{'s' * (len(errors) != 1)} could not be linted"
+    rows = [e.format() for e in errors]
     if not findings:
-        return f"No problems found in {files} file{'s' * (files != 1)}."
+        return "\n".join(
+            [*rows, f"No problems found in {files} file{'s' * (files != 1)}{unlinted}."]
+        )
     counts = Counter(f.code for f in findings)
     per_code = ", ".join(f"{c} x{n}" if n > 1 else c for c, n in sorted(counts.items()))
     touched = len({f.path for f in findings})
     noun = "problem" if len(findings) == 1 else "problems"
-    summary = f"Found {len(findings)} {noun} in {touched} of {files} files ({per_code})."
+    summary = f"Found {len(findings)} {noun} in {touched} of {files} files ({per_code}){unlinted}."
     hint = "Run 'gpu-training lint --explain CODE' for why and how to fix."
-    return "\n".join([*(f.format() for f in findings), summary, hint])
+    return "\n".join([*(f.format() for f in findings), *rows, summary, hint])
 
 
-def format_json(findings: Sequence[Finding]) -> str:
-    """The findings as a JSON list of objects (path, line, col, code, message, detail, fix)."""
-    rows = [{**asdict(f), "fix": RULES[f.code].fix} for f in findings]
+def format_json(findings: Sequence[Finding], errors: Sequence[FileError] = ()) -> str:
+    """The findings as a JSON list of objects (path, line, col, code, message, detail,
+    severity, fix); a file that could not be linted is a row with code ``"ERROR"``."""
+    rows: list[dict[str, object]] = [{**asdict(f), "fix": RULES[f.code].fix} for f in findings]
+    rows += [
+        {
+            "path": e.path,
+            "line": e.line,
+            "col": e.col,
+            "code": "ERROR",
+            "message": e.message,
+            "detail": "file not linted",
+            "severity": "error",
+            "fix": "make the file valid Python, or leave it out of the paths",
+        }
+        for e in errors
+    ]
     return json.dumps(rows, indent=2)

@@ -2,50 +2,66 @@
 
 The walk carries a context down the statements — does only rank 0 run this, or only some
 ranks (``if rank == 0:``, the ``else`` of it, the rest of a function after
-``if not ctx.is_main_process: return``)? is it inside ``no_sync()``? inside which loops? — and
-hands every call to the rules. Functions of the file are followed: a function called only
-under a rank-0 guard is rank-0 code, and one that runs a collective makes its call a
-collective too (``if rank == 0: validate(model)`` where ``validate`` all-reduces).
+``if not ctx.is_main_process: return``, ``x if rank == 0 else None``)? only local rank 0 of
+each node? is it inside ``no_sync()``? inside which loops? in a block that ends the program?
+— and hands every call to the rules. Functions are followed, in the file and across the
+project (:class:`~gpu_training.diagnostics.lint_project.Project`): a function called only
+under a rank-0 guard is rank-0 code, whichever module calls it; one that runs a collective
+makes its call a collective too; a helper that creates the process group makes its caller
+responsible for destroying it.
 
-This module holds the walk and the rules that look at one call alone — how the model, the
-data, the optimizer and the device are set up (``GT001``-``GT004``, ``GT006``, ``GT010``) —
-plus the whole-file rules run after it (``GT002`` without ``set_device``, ``GT015``). The
-rules that need more than the call live beside it, each with the analysis it rests on:
+:func:`~gpu_training.diagnostics.lint_run.check_project` runs the files of a project
+together. This module holds the walk (:class:`FileChecker`) and the whole-file rules
+(``GT002`` without ``set_device``, ``GT005``, ``GT009``, ``GT011``, and ``GT015`` through
+:mod:`~gpu_training.diagnostics.lint_teardown`); the rules live beside it, each with the
+analysis it rests on:
 
-* :mod:`~gpu_training.diagnostics.lint_ranks` — collectives and which scopes run on every rank:
-  ``GT007`` writes and ``GT008`` logs from every rank, ``GT009`` collectives and ``GT014``
+* :mod:`~gpu_training.diagnostics.lint_setup` — one call alone: ``GT001``-``GT004``,
+  ``GT006``, ``GT010``, ``GT018``;
+* :mod:`~gpu_training.diagnostics.lint_ranks` — collectives and which scopes run on every
+  rank: ``GT007``/``GT017`` writes, ``GT008`` logs, ``GT009`` collectives and ``GT014``
   updates under a rank guard;
-* :mod:`~gpu_training.diagnostics.lint_training_loop` — accumulation loops, ``no_sync()``, the
-  AMP scaler, epoch loops: ``GT005``, ``GT011``, ``GT012``, ``GT013``.
-
-Rule texts live in :mod:`~gpu_training.diagnostics.lint_rules`; the facts about names,
-imports and guards in :mod:`~gpu_training.diagnostics.lint_model`; how a call's arguments are
-read in :mod:`~gpu_training.diagnostics.lint_calls`.
+* :mod:`~gpu_training.diagnostics.lint_training_loop` — accumulation, ``no_sync()``, the AMP
+  scaler, epoch loops: ``GT005``, ``GT011``-``GT013``, ``GT016``.
 
 Example:
     >>> import ast
-    >>> source = "import torch\\nmodel = torch.nn.DataParallel(model)\\n"
-    >>> [(f.code, f.line) for f in check_tree(ast.parse(source))]
+    >>> from gpu_training.diagnostics.lint_project import Project
+    >>> project = Project()
+    >>> facts = project.add("t.py", ast.parse("import torch\\nm = torch.nn.DataParallel(m)\\n"))
+    >>> checker = FileChecker(facts, project)
+    >>> checker.settle()
+    >>> [(f.code, f.line) for f in checker.report()]
     [('GT001', 2)]
 """
 
 from __future__ import annotations
 
 import ast
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from gpu_training.diagnostics.lint_calls import call_arg, is_const, keyword_arg, node_start, tail
-from gpu_training.diagnostics.lint_model import (
+from gpu_training.diagnostics.lint_calls import keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint_collectives import DIST_SETUP_CALLS
+from gpu_training.diagnostics.lint_context import (
+    Ctx,
+    RawFinding,
+    ends_program,
+    names_node,
+    none_tested,
+    terminates,
+)
+from gpu_training.diagnostics.lint_guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
-    ModuleFacts,
-    Scope,
-    call_name,
-    dotted,
+    GUARD_RANK_DEP,
+    classify_guard,
+    guard_locality,
+    single_process,
+    single_rank,
 )
+from gpu_training.diagnostics.lint_model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint_project import Project
 from gpu_training.diagnostics.lint_ranks import (
-    DIST_SETUP_CALLS,
     GuardedCollective,
     RankAnalysis,
     every_rank_log,
@@ -55,6 +71,9 @@ from gpu_training.diagnostics.lint_ranks import (
     rank_dependent_update,
     unpaired_collectives,
 )
+from gpu_training.diagnostics.lint_setup import SetupRules
+from gpu_training.diagnostics.lint_summary import FuncRef
+from gpu_training.diagnostics.lint_teardown import missing_destroy
 from gpu_training.diagnostics.lint_training_loop import (
     LoopAnalysis,
     is_no_sync,
@@ -63,133 +82,181 @@ from gpu_training.diagnostics.lint_training_loop import (
     scalers_with_bf16,
 )
 
-__all__ = ["RawFinding", "check_tree"]
-
-
-@dataclass(frozen=True, order=True)
-class RawFinding:
-    """A rule violation at a place in the file (``col`` 0-based, as in :mod:`ast`)."""
-
-    line: int
-    col: int
-    code: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class _Ctx:
-    rank0: bool = False  # only rank 0 runs this code
-    others: bool = False  # only the ranks other than 0 run it
-    rank_dep: bool = False  # only some ranks run it
-    excused: frozenset[str] = frozenset()  # collectives every branch of the guard calls
-    in_except: bool = False
-    no_sync: bool = False
-    per_rank_block: bool = False  # a block of prints labelled with the rank
-    guarded_here: bool = False  # a rank guard of this function (not only of its callers)
-    launcher: bool = False  # after `if worker_mode: run_worker(); return`: the parent's code
-    loops: tuple[ast.stmt, ...] = ()
+__all__ = ["FileChecker"]
 
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
-
 _WRAPPERS = frozenset(
     {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"}
 )
-_OPTIMIZERS = frozenset(
-    {
-        "SGD",
-        "Adam",
-        "AdamW",
-        "RMSprop",
-        "Adagrad",
-        "Adadelta",
-        "Adamax",
-        "NAdam",
-        "RAdam",
-        "SparseAdam",
-        "LBFGS",
-        "Lion",
-        "Adafactor",
-    }
-)
-_EVAL_NAME = re.compile(r"val|eval|test|dev", re.I)
-_CUDA_INDEX = re.compile(r"^cuda:\d+$")
+_FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
 
 
-def _terminates(body: list[ast.stmt]) -> bool:
-    """Whether a block always leaves: return, raise, continue, break or sys.exit()."""
-    last = body[-1] if body else None
-    if isinstance(last, (ast.Return, ast.Raise, ast.Continue, ast.Break)):
-        return True
-    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
-        return tail(dotted(last.value.func)) in ("exit", "_exit", "abort")
-    return False
+class FileChecker:
+    """The walk of one file, with what its project tells about it.
 
+    :func:`~gpu_training.diagnostics.lint_run.check_project` drives it: :meth:`inherit` from
+    the files that import it, :meth:`settle` the functions' contexts (again once the call
+    sites from other files are in :attr:`external_sites`), then :meth:`report`.
 
-class _Checker:
-    def __init__(self, tree: ast.Module) -> None:
-        self.facts = ModuleFacts(tree)
-        self.imports = self.facts.imports
-        self.tree = tree
-        self.all_calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    Args:
+        facts: The file's facts.
+        project: Its project.
+    """
+
+    def __init__(self, facts: ModuleFacts, project: Project) -> None:
+        self.facts = facts
+        self.project = project
+        self.imports = facts.imports
+        self.tree = facts.tree
+        self.all_calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
         self.tails = {tail(call_name(c, self.imports)) for c in self.all_calls}
         names = [call_name(c, self.imports) for c in self.all_calls]
         spawn = any("multiprocessing" in n and n.endswith("spawn") for n in names)
-        self.dist_setup = bool(self.tails & DIST_SETUP_CALLS) or spawn
+        self.framework = next((_FRAMEWORKS[t] for t in self.tails if t in _FRAMEWORKS), None)
+        # what the project's helpers in other modules do (this file's own code is read here)
+        self.callee_summaries = [
+            project.summary(ref)
+            for c in self.all_calls
+            for ref in facts.callees(c)
+            if ref[0] is not facts
+        ]
+        helper_setup = any(s.creates_group for s in self.callee_summaries)
+        self.dist_setup = bool(self.tails & DIST_SETUP_CALLS) or spawn or helper_setup
         # `dist.x()` with `dist` never imported nor bound: a snippet that assumes the import.
         bare_dist = "dist" not in self.imports.names and not any(
-            "dist" in scope.bindings for scope in self.facts.scopes.values()
+            "dist" in scope.bindings for scope in facts.scopes.values()
         )
         prefixes = ("torch.distributed.", "dist.") if bare_dist else ("torch.distributed.",)
         uses_dist = any(n.startswith(prefixes) for n in names)
-        self.distributed = self.dist_setup or uses_dist
-        self.has_wrapper = bool(self.tails & (_WRAPPERS | {"wrap_model"}))
+        self.distributed = self.dist_setup or uses_dist or self.framework is not None
+        prepares = any(
+            isinstance(c.func, ast.Attribute) and c.func.attr in ("prepare", "setup")
+            for c in self.all_calls
+        )
+        self.has_wrapper = bool(self.tails & (_WRAPPERS | {"wrap_model"})) or (
+            self.framework is not None and prepares
+        )
         self.data_parallel = self.has_wrapper or bool(
             self.tails & {"DistributedSampler", "make_distributed_sampler"}
         )
+        self.trains = (
+            any(
+                isinstance(c.func, ast.Attribute) and c.func.attr in ("backward", "zero_grad")
+                for c in self.all_calls
+            )
+            or "train_one_epoch" in self.tails
+            or any(s.trains for s in self.callee_summaries)
+        )
+        self.print_silenced = any(s.silences_print for s in self.callee_summaries) or any(
+            isinstance(n, ast.Assign)
+            and any(
+                self.imports.resolve(dotted(t)) in ("builtins.print", "sys.stdout")
+                for t in n.targets
+            )
+            for n in ast.walk(self.tree)
+        )
+        # `logger.setLevel(INFO if is_main else WARN)`: the level already silences the others.
+        self.log_level_guarded = logs_silenced_per_rank(self.all_calls, facts) or any(
+            s.rank_logging for s in self.callee_summaries
+        )
+        self.seeds: set[ast.AST] = set()
+        self.ranks = RankAnalysis(facts, self.distributed)
+        self.training_loop = LoopAnalysis(facts)
         self.findings: set[RawFinding] = set()
         self.emit = False
-        self.call_sites: dict[_Func, list[_Ctx]] = {}
-        self.ranks = RankAnalysis(self.facts, self.distributed)
-        self.training_loop = LoopAnalysis(self.facts)
+        self.call_sites: dict[_Func, list[Ctx]] = {}
+        self.external_sites: dict[int, list[tuple[Ctx, bool]]] = {}
+        self.outgoing: list[tuple[FuncRef, Ctx, bool]] = []
         self.epoch_loops: list[ast.stmt] = []
         self.guarded_collectives: list[GuardedCollective] = []
-        # `logger.setLevel(INFO if is_main else WARN)`: the level already silences the others.
-        self.log_level_guarded = logs_silenced_per_rank(self.all_calls, self.facts)
-        self.default_cuda: list[tuple[ast.AST, str]] = []
         self._expr_cache: dict[ast.AST, tuple[list[ast.Call], list[_Func]]] = {}
+        self._ifexp_cache: dict[ast.AST, list[ast.IfExp]] = {}
+        self._negations: dict[ast.If, ast.UnaryOp] = {}  # kept: the guard cache keys by id
+        self.entry: dict[_Func, Ctx] = {}
+        self.setup = SetupRules(
+            facts,
+            self.all_calls,
+            self.add,
+            dist_setup=self.dist_setup and self.framework is None,
+            data_parallel=self.data_parallel,
+            distributed=self.distributed,
+            trains=self.trains,
+        )
 
-    # --- driver ---------------------------------------------------------------------------
+    # --- project ----------------------------------------------------------------------------
 
-    def run(self) -> list[RawFinding]:
+    def inherit(self, importer: FileChecker) -> bool:
+        """Take on what a file that imports this one sets up for the whole process."""
+        before = (self.distributed, self.has_wrapper, self.print_silenced, self.log_level_guarded)
+        self.distributed = self.distributed or importer.distributed
+        self.has_wrapper = self.has_wrapper or importer.has_wrapper
+        self.print_silenced = self.print_silenced or importer.print_silenced
+        self.log_level_guarded = self.log_level_guarded or importer.log_level_guarded
+        self.setup.distributed = self.distributed
+        after = (self.distributed, self.has_wrapper, self.print_silenced, self.log_level_guarded)
+        return before != after
+
+    def rebuild_ranks(self) -> None:
+        """Recompute which scopes run on every rank (after :meth:`inherit` or new seeds)."""
+        self.ranks = RankAnalysis(self.facts, self.distributed, frozenset(self.seeds))
+
+    def settle(self) -> None:
+        """Walk to a fixpoint of the functions' entry contexts, without reporting."""
         functions = [node for node in self.facts.scopes if not isinstance(node, ast.Module)]
-        entry: dict[_Func, _Ctx] = {f: _Ctx() for f in functions}  # type: ignore[misc]
+        if not self.distributed and not self.external_sites:
+            # no rank in sight: every entry context is the default one
+            self.entry = {
+                f: Ctx()
+                for f in functions
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }
+            return
+        entry: dict[_Func, Ctx] = {
+            f: self._entry_context(f)
+            for f in functions
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
         for _ in range(8):  # call-site contexts feed function entry contexts: to a fixpoint
             self.call_sites = {}
+            self.outgoing = []
             self._walk(entry)
             updated = {f: self._entry_context(f) for f in entry}
             if updated == entry:
                 break
             entry = updated
+        self.entry = entry
+
+    def report(self) -> list[RawFinding]:
+        """Walk once more, reporting, then run the whole-file rules."""
         self.emit = True
-        self._walk(entry)
+        self._walk(self.entry)
         self._file_level()
         return sorted(self.findings)
 
-    def _walk(self, entry: dict[_Func, _Ctx]) -> None:
+    def _walk(self, entry: dict[_Func, Ctx]) -> None:
+        # what the last walk learnt about rank-0-only names is relearnt with the new contexts
+        self.facts.assigned_under.clear()
+        self.facts.guard_cache.clear()
         module = self.facts.module_scope
-        self._stmts(self.tree.body, _Ctx(), module)
+        self._stmts(self.tree.body, Ctx(), module)
         for func, ctx in entry.items():
             self._stmts(func.body, ctx, self.facts.scope_of(func))
 
-    def _entry_context(self, func: _Func) -> _Ctx:
-        sites = self.call_sites.get(func, [])
+    def _entry_context(self, func: _Func) -> Ctx:
+        sites = self.call_sites.get(func, []) + [
+            c for c, _ in self.external_sites.get(id(func), [])
+        ]
         if not sites or func.name.startswith("__"):
-            return _Ctx()
-        return _Ctx(
-            rank0=all(s.rank0 for s in sites),
+            return Ctx()
+        rank0 = all(s.rank0 for s in sites)
+        return Ctx(
+            rank0=rank0,
+            one_rank=not rank0 and all(s.rank0 or s.one_rank for s in sites),
             rank_dep=all(s.rank_dep for s in sites),
             launcher=all(s.launcher for s in sites),
+            local_only=rank0 and any(s.local_only for s in sites),
+            guard=next((s.guard for s in sites if s.guard), ""),
         )
 
     def add(self, node: ast.AST, code: str, detail: str = "") -> None:
@@ -199,10 +266,11 @@ class _Checker:
 
     # --- statements -----------------------------------------------------------------------
 
-    def _stmts(self, stmts: list[ast.stmt], ctx: _Ctx, scope: Scope) -> None:
+    def _stmts(self, stmts: list[ast.stmt], ctx: Ctx, scope: Scope, branch: bool = False) -> None:
         labelled = any(self._is_rank_print(s) for s in stmts)
+        exits = ctx.exits or (branch and ends_program(stmts))
         for stmt in stmts:
-            ctx = self._stmt(stmt, replace(ctx, per_rank_block=labelled), scope)
+            ctx = self._stmt(stmt, replace(ctx, per_rank_block=labelled, exits=exits), scope)
 
     def _is_rank_print(self, stmt: ast.stmt) -> bool:
         return (
@@ -213,7 +281,7 @@ class _Checker:
             and self.facts.mentions_rank(stmt.value)
         )
 
-    def _stmt(self, stmt: ast.stmt, ctx: _Ctx, scope: Scope) -> _Ctx:
+    def _stmt(self, stmt: ast.stmt, ctx: Ctx, scope: Scope) -> Ctx:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for expr in [*stmt.decorator_list, *stmt.args.defaults, *stmt.args.kw_defaults]:
                 if expr is not None:
@@ -238,7 +306,12 @@ class _Checker:
             synced = False
             for item in stmt.items:
                 self._expr(item.context_expr, ctx, scope)
-                synced = synced or is_no_sync(item.context_expr, scope, self.facts)
+                if is_no_sync(item.context_expr, scope, self.facts):
+                    synced = True
+                    if self.emit and self.has_wrapper:
+                        late = self.training_loop.no_sync_after_forward(stmt, item, scope)
+                        if late is not None:
+                            self.add(late[0], "GT016", late[1])
             self._stmts(stmt.body, replace(ctx, no_sync=ctx.no_sync or synced), scope)
         elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
             self._stmts(getattr(stmt, "body"), ctx, scope)  # noqa: B009 (TryStar: 3.11+)
@@ -257,44 +330,83 @@ class _Checker:
                 self._stmts(case.body, ctx, scope)
         else:
             self._expr(stmt, ctx, scope)
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                self._note_assignment(stmt, ctx, scope)
             if ctx.guarded_here:
                 for target, detail in rank_dependent_assignments(stmt):
                     self.add(target, "GT014", detail)
         return ctx
 
-    def _if(self, stmt: ast.If, ctx: _Ctx, scope: Scope) -> _Ctx:
+    def _note_assignment(self, stmt: ast.Assign | ast.AnnAssign, ctx: Ctx, scope: Scope) -> None:
+        """Record whether only rank 0 sets a name to something (for ``if x is not None``)."""
+        value = stmt.value
+        if isinstance(value, ast.Constant) and value.value is None:
+            return
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        for target in list(targets):
+            if isinstance(target, (ast.Tuple, ast.List)):  # best, epoch = saver.save(...)
+                targets += target.elts
+        for target in targets:
+            key = dotted(target)
+            if key is not None:
+                owner = self.facts.binding_owner(key, scope)
+                self.facts.assigned_under.setdefault((owner, key), set()).add(ctx.rank0)
+
+    def _guarded(self, ctx: Ctx, kind: str, test: ast.expr, scope: Scope) -> tuple[Ctx, Ctx]:
+        """The contexts of the two branches of a rank-dependent test."""
+        local = guard_locality(self.facts, test, scope) == "local"
+        text = f"{ast.unparse(test)} (line {test.lineno})"
+        guarded = replace(ctx, rank_dep=True, guarded_here=True)
+
+        def rank0_side(outer: Ctx) -> Ctx:
+            local_only = (outer.local_only if outer.rank0 else True) and local
+            return replace(outer, rank0=True, local_only=local_only, guard=text)
+
+        body = rank0_side(guarded) if kind == GUARD_RANK0 else guarded
+        orelse = rank0_side(guarded) if kind == GUARD_NOT_RANK0 else guarded
+        body = replace(body, others=ctx.others or kind == GUARD_NOT_RANK0)
+        orelse = replace(orelse, others=ctx.others or kind == GUARD_RANK0)
+        return body, orelse
+
+    def _if(self, stmt: ast.If, ctx: Ctx, scope: Scope) -> Ctx:
         self._expr(stmt.test, ctx, scope)
-        kind = self.facts.classify_guard(stmt.test, scope)
+        kind = classify_guard(self.facts, stmt.test, scope)
+        optional = replace(ctx, optional=ctx.optional | none_tested(stmt.test))
         if kind is None:
-            self._stmts(stmt.body, ctx, scope)
-            self._stmts(stmt.orelse, ctx, scope)
-            if not stmt.orelse and _terminates(stmt.body) and self.ranks.creates_group(stmt.body):
+            single = replace(optional, rank0=True, local_only=False, guard="one process")
+            negated = self._negations.setdefault(stmt, ast.UnaryOp(op=ast.Not(), operand=stmt.test))
+            lone_body = single_process(self.facts, stmt.test, scope)
+            lone_else = not lone_body and single_process(self.facts, negated, scope)
+            # `if args.distributed: ... else: print(...)`: the else runs without ranks
+            self._stmts(stmt.body, single if lone_body else optional, scope, branch=True)
+            self._stmts(
+                stmt.orelse,
+                replace(single, optional=ctx.optional) if lone_else else ctx,
+                scope,
+                branch=True,
+            )
+            if not stmt.orelse and terminates(stmt.body) and self.ranks.creates_group(stmt.body):
                 return replace(ctx, launcher=True)  # the ranks returned above; the parent goes on
             return ctx
         excused = self.ranks.collectives_in(stmt.body, scope) & self.ranks.collectives_in(
             stmt.orelse, scope
         )
-        guarded = replace(ctx, rank_dep=True, guarded_here=True, excused=excused)
-        body_ctx = replace(
-            guarded,
-            rank0=ctx.rank0 or kind == GUARD_RANK0,
-            others=ctx.others or kind == GUARD_NOT_RANK0,
+        body_ctx, else_ctx = self._guarded(
+            replace(optional, excused=excused), kind, stmt.test, scope
         )
-        else_ctx = replace(
-            guarded,
-            rank0=ctx.rank0 or kind == GUARD_NOT_RANK0,
-            others=ctx.others or kind == GUARD_RANK0,
-        )
-        self._stmts(stmt.body, body_ctx, scope)
-        self._stmts(stmt.orelse, else_ctx, scope)
-        if not stmt.orelse and _terminates(stmt.body):
+        else_ctx = replace(else_ctx, optional=ctx.optional)
+        if kind == GUARD_RANK_DEP and single_rank(self.facts, stmt.test, scope):
+            body_ctx = replace(body_ctx, one_rank=True)  # `if rank == 1:`: one process
+        self._stmts(stmt.body, body_ctx, scope, branch=True)
+        self._stmts(stmt.orelse, else_ctx, scope, branch=True)
+        if not stmt.orelse and terminates(stmt.body):
             # `if not ctx.is_main_process: return`: what follows runs on the other ranks only
-            return replace(else_ctx, excused=frozenset())
+            return replace(else_ctx, excused=frozenset(), exits=ctx.exits)
         return ctx
 
     # --- expressions and calls ------------------------------------------------------------
 
-    def _expr(self, node: ast.AST, ctx: _Ctx, scope: Scope) -> None:
+    def _expr(self, node: ast.AST, ctx: Ctx, scope: Scope) -> None:
         cached = self._expr_cache.get(node)
         if cached is None:
             calls = [sub for sub in ast.walk(node) if isinstance(sub, ast.Call)]
@@ -308,33 +420,44 @@ class _Checker:
             ]
             cached = self._expr_cache[node] = (calls, refs)
         calls, refs = cached
+        overrides = self._conditional_calls(node, ctx, scope)
         for call in calls:
-            self._call(call, ctx, scope)
-        for func in refs:  # a function passed as a value may be called from anywhere
-            self.call_sites.setdefault(func, []).append(_Ctx())
+            self._call(call, overrides.get(id(call), ctx), scope)
+        for func in refs:  # `mp.Process(target=f)` under `if rank == 0:` runs on rank 0's side
+            self.call_sites.setdefault(func, []).append(replace(ctx, loops=(), no_sync=False))
 
-    def _call(self, call: ast.Call, ctx: _Ctx, scope: Scope) -> None:
-        for func in self.facts.local_functions(call):
-            self.call_sites.setdefault(func, []).append(ctx)
+    def _conditional_calls(self, node: ast.AST, ctx: Ctx, scope: Scope) -> dict[int, Ctx]:
+        """``SummaryWriter() if rank == 0 else None``: the calls of each branch of a
+        rank-dependent conditional expression run on those ranks only."""
+        found: dict[int, Ctx] = {}
+        conditionals = self._ifexp_cache.get(node)
+        if conditionals is None:
+            conditionals = [sub for sub in ast.walk(node) if isinstance(sub, ast.IfExp)]
+            self._ifexp_cache[node] = conditionals
+        for sub in conditionals:
+            kind = classify_guard(self.facts, sub.test, scope)
+            if kind not in (GUARD_RANK0, GUARD_NOT_RANK0):
+                continue
+            body, orelse = self._guarded(ctx, kind, sub.test, scope)
+            for branch, branch_ctx in ((sub.body, body), (sub.orelse, orelse)):
+                for call in ast.walk(branch):
+                    if isinstance(call, ast.Call):
+                        found[id(call)] = branch_ctx
+        return found
+
+    def _call(self, call: ast.Call, ctx: Ctx, scope: Scope) -> None:
+        every_rank = scope.node in self.ranks.every_rank_scopes
+        for callee_facts, func in self.facts.callees(call):
+            if callee_facts is self.facts:
+                self.call_sites.setdefault(func, []).append(ctx)
+            else:
+                self.outgoing.append(((callee_facts, func), ctx, every_rank))
         if not self.emit:
             return
-        name = call_name(call, self.imports)
-        last = tail(name)
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
-        if last == "DataParallel" and (name == last or "torch" in name or "nn." in name):
-            self.add(call, "GT001")
-        if last == "DataLoader":
-            self._data_loader(call, scope)
-        if name == "torch.save" or last == "save_file":
-            self._saved_wrapper(call, scope)
-        if scope.node in self.ranks.every_rank_scopes and not ctx.rank0 and not ctx.launcher:
-            written = every_rank_write(call, scope, self.facts)
-            if written is not None:
-                self.add(call, "GT007", written)
-            if not ctx.in_except and not ctx.per_rank_block:
-                logged = every_rank_log(call, scope, self.facts, self.log_level_guarded)
-                if logged is not None:
-                    self.add(call, "GT008", logged)
+        self.setup.check(call, scope)
+        if every_rank and not ctx.launcher:
+            self._rank_rules(call, ctx, scope)
         if ctx.guarded_here:  # under a caller's guard only: reported at the call instead
             collective = self.ranks.collective(call, scope)
             if collective is not None and collective.split("(")[0] not in ctx.excused:
@@ -345,115 +468,69 @@ class _Checker:
             update = rank_dependent_update(call, scope, self.facts)
             if update is not None:
                 self.add(call, "GT014", update)
-        if self.data_parallel:
-            self._optimizer_lr(call, name, last, scope)
+        last = tail(call_name(call, self.imports))
         clips = last in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
         if clips and self.training_loop.clips_before_unscale(call, scope):
-            self.add(call, "GT012")
-        if (
-            method == "backward"
-            and not ctx.no_sync
-            and ctx.loops
-            and self.has_wrapper
-            and self.training_loop.is_accumulation_loop(ctx.loops[-1], scope)
+            self.add(call, "GT012", "the scaler's scale() comes first and no unscale_() before")
+        if self.has_wrapper and ctx.loops and not ctx.no_sync:
+            self._accumulation(call, ctx, scope, method)
+
+    def _rank_rules(self, call: ast.Call, ctx: Ctx, scope: Scope) -> None:
+        """``GT007``/``GT017`` writes and ``GT008`` logs of code every rank runs."""
+        written = every_rank_write(call, scope, self.facts)
+        if written is not None and any(
+            classify_guard(self.facts, k.value, scope) == GUARD_RANK0 for k in call.keywords
         ):
-            self.add(call, "GT013")
-        if self.distributed:
-            self._cuda_device(call, last, method)
-
-    # --- the rules, call by call ---------------------------------------------------------
-
-    def _data_loader(self, call: ast.Call, scope: Scope) -> None:
-        sampler = call_arg(call, 3, "sampler")
-        batch_sampler = call_arg(call, 4, "batch_sampler")
-        given = [s for s in (sampler, batch_sampler) if s is not None and not is_const(s, None)]
-        shuffle = call_arg(call, 2, "shuffle")
-        if given and is_const(shuffle, True):
-            assert shuffle is not None
-            self.add(shuffle, "GT004")
-        if not self.dist_setup or self._is_eval_loader(call):
+            written = None  # save_pretrained(..., is_main_process=accelerator.is_main_process)
+        if written is not None and not (ctx.rank0 or ctx.one_rank):
+            hints = {"accelerate": "; accelerator.save() writes once", "fabric": "; fabric.save()"}
+            hint = hints.get(self.framework or "", "")
+            self.add(call, "GT007", f"{written} runs on every rank: no rank-0 guard{hint}")
+        elif written is not None and ctx.local_only and not names_node(call, self.facts):
+            self.add(call, "GT017", f"{written} under {ctx.guard}: local rank 0 of every node")
+        if ctx.rank0 or ctx.one_rank or ctx.in_except or ctx.per_rank_block or ctx.exits:
             return
-        for expr in given:
-            kinds = self.facts.kinds(expr, scope)
-            if "local_sampler" in kinds and "dist_sampler" not in kinds:
-                self.add(expr, "GT003", "the sampler is not distributed")
-        if not given:
-            self.add(call, "GT003")
-
-    def _is_eval_loader(self, call: ast.Call) -> bool:
-        dataset = keyword_arg(call, "dataset")
-        names = [dotted(call.args[0]) if call.args else None]
-        names.append(dotted(dataset) if dataset is not None else None)
-        parent = self._assign_target(call)
-        names.append(parent)
-        if any(n is not None and _EVAL_NAME.search(tail(n)) for n in names):
-            return True
-        # Handed to accelerate's prepare() or Fabric's setup_dataloaders(), which shard it.
-        return any(
-            isinstance(c.func, ast.Attribute)
-            and c.func.attr.startswith(("prepare", "setup_dataloader"))
-            and any(a is call or (parent is not None and dotted(a) == parent) for a in c.args)
-            for c in self.all_calls
+        logged = every_rank_log(call, scope, self.facts, self.log_level_guarded)
+        if logged is None:
+            return
+        owner = call.func.value if isinstance(call.func, ast.Attribute) else None
+        receiver = dotted(owner) if owner is not None else None
+        if receiver is not None and (
+            receiver in ctx.optional or "rank_logger" in self.facts.kinds(owner, scope)
+        ):
+            return  # `if writer is not None:`; a logger whose handlers are chosen by rank
+        if logged == "print" and self.print_silenced:
+            return  # the project replaced builtins.print on the other ranks
+        helper = {"accelerate": "accelerator.print", "fabric": "fabric.print"}.get(
+            self.framework or ""
         )
+        why = f"use {helper}" if helper and logged == "print" else "no rank-0 guard"
+        self.add(call, "GT008", f"{logged}: {why}")
 
-    def _assign_target(self, call: ast.Call) -> str | None:
-        for node in ast.walk(self.tree):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is call:
-                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
-                return dotted(target)
-        return None
-
-    def _saved_wrapper(self, call: ast.Call, scope: Scope) -> None:
-        obj = call_arg(call, 0, "obj") if tail(call_name(call, self.imports)) == "save" else None
-        obj = obj if obj is not None else call_arg(call, 0, "tensors")
-        if obj is None:
+    def _accumulation(self, call: ast.Call, ctx: Ctx, scope: Scope, method: str | None) -> None:
+        """``GT013``: a backward of a DDP model that all-reduces on every micro-batch."""
+        loop = ctx.loops[-1]
+        if self.training_loop.handles_sync(loop, scope):
             return
-        if self.facts.kinds(obj, scope) & {"ddp", "dp"}:
-            self.add(obj, "GT006", "the wrapper itself is pickled")
-            return
-        exprs: list[ast.AST] = [obj]
-        if isinstance(obj, ast.Name):  # state = {...}; torch.save(state, path)
-            exprs += [v for v in self.facts.lookup(obj.id, scope, node_start(obj)) if v is not None]
-        for expr in exprs:
-            for node in ast.walk(expr):
-                if (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "state_dict"
-                    and self.facts.kinds(node.func.value, scope) & {"ddp", "dp"}
-                ):
-                    self.add(node, "GT006")
-
-    def _optimizer_lr(self, call: ast.Call, name: str, last: str, scope: Scope) -> None:
-        is_optimizer = (
-            name.startswith("torch.optim.") and "lr_scheduler" not in name and last[:1].isupper()
-        ) or (last in _OPTIMIZERS and (name == last or name.split(".")[0] in ("optim", "torch")))
-        if not is_optimizer:
-            return
-        lr = call_arg(call, 1, "lr")
-        if lr is None:
-            self.add(call, "GT010", "the default lr")
-        elif self.facts.kinds(lr, scope) == {"number"}:
-            self.add(lr, "GT010", ast.unparse(lr))
-
-    def _cuda_device(self, call: ast.Call, last: str, method: str | None) -> None:
-        if method == "cuda" and not call.args and not call.keywords:
-            self.default_cuda.append((call, ".cuda()"))
-        candidates: list[ast.expr] = []
-        if (method or last) in ("device", "to", "load", "cuda"):
-            candidates += [a for a in call.args if isinstance(a, ast.Constant)]
-        candidates += [
-            k.value for k in call.keywords if k.arg in ("device", "map_location", "device_type")
-        ]
-        for value in candidates:
-            if not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
-                continue
-            if _CUDA_INDEX.match(value.value):
-                self.add(value, "GT002", f"'{value.value}' is the same GPU on every rank")
-            elif value.value == "cuda" and not (
-                last == "autocast" or keyword_arg(call, "device_type") is value
-            ):
-                self.default_cuda.append((value, "'cuda'"))
+        step = (
+            self.training_loop.accumulating_backward(loop, call, scope)
+            if method == "backward"
+            else None
+        )
+        fix = {"accelerate": "accelerator.accumulate()", "fabric": "fabric.no_backward_sync()"}
+        missing = fix.get(self.framework or "", "no_sync()")
+        backward = f"{ast.unparse(call.func)}()"
+        if step is not None:
+            self.add(call, "GT013", f"{backward} on every micro-batch; {step}; no {missing}")
+        elif method == "backward" and any(
+            self.training_loop.is_micro_batch_loop(outer, scope) for outer in ctx.loops
+        ):
+            why = f"{backward} in a micro-batch loop, one optimizer step after it; no {missing}"
+            self.add(call, "GT013", why)
+        else:
+            helper = self.training_loop.accumulating_helper(call, scope)
+            if helper is not None:
+                self.add(call, "GT013", helper)
 
     # --- whole-file rules -----------------------------------------------------------------
 
@@ -464,34 +541,29 @@ class _Checker:
             if tail(call_name(c, self.imports)) in ("init_process_group", "init_distributed")
         ]
         direct = [c for c in inits if tail(call_name(c, self.imports)) == "init_process_group"]
-        pinned = bool(self.tails & {"set_device", "init_distributed"}) or any(
-            keyword_arg(c, "device_id") is not None for c in direct
+        pinned = (
+            bool(self.tails & {"set_device", "set_device_index", "init_distributed"})
+            or any(keyword_arg(c, "device_id") is not None for c in direct)
+            or any(s.sets_device for s in self.callee_summaries)
         )
-        if direct and not pinned and self.default_cuda:
-            node, what = self.default_cuda[0]
+        if direct and not pinned and self.setup.default_cuda:
+            node, what = self.setup.default_cuda[0]
             self.add(node, "GT002", f"{what} without set_device")
         for loop in loops_without_set_epoch(
             self.epoch_loops, self.all_calls, self.tails, self.imports
         ):
-            self.add(loop, "GT005")
+            self.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
         for scaler in scalers_with_bf16(self.all_calls, self.facts):
-            self.add(scaler, "GT011")
+            self.add(scaler, "GT011", "every autocast of the file is bfloat16")
         for guarded in unpaired_collectives(self.guarded_collectives):
             self.add(guarded.call, "GT009", guarded.collective)
-        trains = any(
-            isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in self.all_calls
-        ) or bool(self.tails & {"train_one_epoch"})
-        if inits and trains and not self.tails & {"destroy_process_group", "cleanup_distributed"}:
-            self.add(inits[0], "GT015")
-
-
-def check_tree(tree: ast.Module) -> list[RawFinding]:
-    """Every rule's findings in a parsed module, sorted by position.
-
-    Args:
-        tree: ``ast.parse`` of the file.
-
-    Returns:
-        The findings (before ``# noqa`` and ``--select`` filtering).
-    """
-    return _Checker(tree).run()
+        missing = missing_destroy(
+            self.facts,
+            inits,
+            trains=self.trains,
+            summaries=self.callee_summaries,
+            ranks=self.ranks,
+            helper_module=bool(self.external_sites),
+        )
+        if missing is not None:
+            self.add(missing[0], "GT015", missing[1])

@@ -8,9 +8,11 @@ Static facts, computed once per file from its AST (no import, no execution):
   per function, so ``model = DDP(model)`` then ``torch.save(model.state_dict())`` is followed
   back to the wrapper (``self.x`` attributes are shared by the methods of a class);
 * :func:`kinds` — what an expression is (``ddp``, ``loader``, ``scaler``, …) through those
-  bindings;
-* :func:`classify_guard` — whether a condition depends on the rank (``if rank == 0``,
-  ``if ctx.is_main_process``, ``if dist.get_rank() != 0``, a name bound to such a test).
+  bindings, and through the project's helpers (what ``build_sampler(...)`` returns);
+* through a :class:`~gpu_training.diagnostics.lint_summary.Resolver` (the project), what a
+  function of another module does (:class:`~gpu_training.diagnostics.lint_summary.Summary`).
+
+Whether a condition depends on the rank is :mod:`~gpu_training.diagnostics.lint_guards`.
 
 Example:
     >>> import ast
@@ -25,14 +27,15 @@ Example:
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint_summary import FuncRef, Resolver, Summary
 
 __all__ = [
-    "GUARD_NOT_RANK0",
-    "GUARD_RANK0",
-    "GUARD_RANK_DEP",
+    "RANK_CALLS",
     "Imports",
     "ModuleFacts",
     "Scope",
@@ -42,12 +45,6 @@ __all__ = [
     "mentions_rank",
 ]
 
-GUARD_RANK0 = "rank0"
-"""The condition holds on rank 0 only."""
-GUARD_NOT_RANK0 = "not_rank0"
-"""The condition holds on every rank but 0."""
-GUARD_RANK_DEP = "rank_dep"
-"""The condition holds on some ranks, not all."""
 
 _Pos = tuple[int, int]
 
@@ -87,13 +84,9 @@ _CALL_KINDS: dict[str, str] = {
 _PASSTHROUGH_METHODS = frozenset(
     {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_"}
 )
-_MAIN_PROCESS = re.compile(
-    r"^(is_(local_|global_|world_)?(main|master)(_process|_rank)?"
-    r"|(local_|global_)?(main|master)_process|(is_)?rank_?(0|zero)"
-    r"|is_global_zero|is_world_process_zero)$"
-)
-_RANK_CALLS = frozenset({"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank"})
-_SINGLE_PROCESS_ATTRS = frozenset({"is_initialized", "is_distributed", "is_available"})
+_RANK_ATTRS = frozenset({"process_index", "local_process_index"})  # Accelerate's ranks
+_RANK_ENV = frozenset({"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "PMI_RANK"})
+RANK_CALLS = frozenset({"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank"})
 
 
 def dotted(expr: ast.AST) -> str | None:
@@ -118,23 +111,35 @@ def _tail(name: str | None) -> str:
 
 
 class Imports:
-    """Local names bound by ``import`` statements, resolved to qualified names."""
+    """Local names bound by ``import`` statements, resolved to qualified names.
+
+    Attributes:
+        names: Local name → qualified dotted name (``misc`` → ``util.misc``).
+        origins: Local name → ``(module, level, symbol)`` as written, for resolving it to a
+            file of the project: ``import util.misc as misc`` → ``("util.misc", 0, None)``,
+            ``from .utils import f`` → ``("utils", 1, "f")``.
+    """
 
     def __init__(self, tree: ast.AST) -> None:
         self.names: dict[str, str] = {}
+        self.origins: dict[str, tuple[str, int, str | None]] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
                         self.names[alias.asname] = alias.name
+                        self.origins[alias.asname] = (alias.name, 0, None)
                     else:
                         head = alias.name.split(".")[0]
                         self.names[head] = head
+                        self.origins[head] = (head, 0, None)
             elif isinstance(node, ast.ImportFrom):
                 base = "." * node.level + (node.module or "")
                 for alias in node.names:
                     if alias.name != "*":
-                        self.names[alias.asname or alias.name] = f"{base}.{alias.name}".lstrip(".")
+                        local = alias.asname or alias.name
+                        self.names[local] = f"{base}.{alias.name}".lstrip(".")
+                        self.origins[local] = (node.module or "", node.level, alias.name)
 
     def resolve(self, name: str | None) -> str | None:
         """The qualified form of a dotted name (its head replaced by what it was imported as)."""
@@ -220,15 +225,24 @@ def _bind_target(scope: Scope, target: ast.expr, value: ast.expr | None, pos: _P
         scope.bind(dotted(target), pos, value)
 
 
+_Func = ast.FunctionDef | ast.AsyncFunctionDef
+
+
 class ModuleFacts:
     """Imports, scopes, local functions and kinds of one parsed module.
 
     Args:
         tree: The module's AST.
+        path: The file it was read from (for resolving imports and for evidence).
+        resolver: The project it belongs to (None: the module alone).
     """
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(
+        self, tree: ast.Module, path: str = "<string>", resolver: Resolver | None = None
+    ) -> None:
         self.tree = tree
+        self.path = path
+        self.resolver = resolver
         self.imports = Imports(tree)
         self.module_scope = Scope(tree, None)
         self.scopes: dict[ast.AST, Scope] = {tree: self.module_scope}
@@ -236,7 +250,20 @@ class ModuleFacts:
         self.class_bindings: dict[ast.ClassDef, dict[str, list[ast.expr | None]]] = {}
         self.scope_nodes: dict[ast.AST, list[ast.AST]] = {}
         """Every node of each scope (nested functions excluded), in source order."""
+        self.toplevel: dict[str, ast.stmt] = {
+            node.name: node
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        }
+        """Module-level ``def`` and ``class`` statements by name (what other modules import)."""
         self._collect(tree.body, self.module_scope, None)
+        self.guard_cache: dict[int, str | None] = {}
+        self.memo: dict[object, object] = {}
+        """Answers worth keeping about this module (keyed by the asking function)."""
+        self.assigned_under: dict[tuple[int, str], set[bool]] = {}
+        """``(owner, name)`` → for each non-None assignment, whether only rank 0 ran it
+        (filled by the walk: ``saver = None`` / ``if is_primary: saver = Saver()``)."""
+        """How each condition depends on the rank (:mod:`~gpu_training.diagnostics.lint_guards`)."""
 
     # --- scopes ---------------------------------------------------------------------------
 
@@ -304,16 +331,128 @@ class ModuleFacts:
             current, first = current.parent, False
         return []
 
+    def scope_containing(self, node: ast.AST) -> Scope:
+        """The innermost function (or the module) whose body holds ``node``."""
+        key = ("scope-of", id(node))
+        found = self.memo.get(key)
+        if isinstance(found, Scope):
+            return found
+        best: Scope = self.module_scope
+        line = getattr(node, "lineno", 0)
+        for func, scope in self.scopes.items():
+            if func is self.tree:
+                continue
+            start, end = getattr(func, "lineno", 0), getattr(func, "end_lineno", 0) or 0
+            if start <= line <= end and start >= getattr(best.node, "lineno", 0):
+                best = scope
+        self.memo[key] = best
+        return best
+
+    def binding_owner(self, key: str, scope: Scope) -> int:
+        """An id for where ``key`` is bound: its class (``self.x``) or the scope binding it."""
+        if key.startswith("self.") and scope.cls is not None:
+            return id(scope.cls)
+        current: Scope | None = scope
+        while current is not None:
+            if key in current.bindings:
+                return id(current.node)
+            current = current.parent
+        return id(scope.node)
+
+    def lookup_all(self, key: str, scope: Scope) -> list[ast.expr | None]:
+        """Every value ``key`` is bound to in the innermost scope that binds it (all branches:
+        ``if distributed: s = DistributedSampler(d)`` / ``else: s = RandomSampler(d)``)."""
+        if key.startswith("self.") and scope.cls is not None:
+            return list(self.class_bindings.get(scope.cls, {}).get(key, []))
+        current: Scope | None = scope
+        while current is not None:
+            entries = current.bindings.get(key)
+            if entries:
+                return [value for _, value in entries]
+            current = current.parent
+        return []
+
     def local_functions(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-        """The functions of this file a call may run: ``f(...)``, ``self.f(...)``."""
+        """The functions of this file a call may run: ``f(...)``, ``self.f(...)``,
+        ``Trainer(...)`` (its ``__init__``), ``trainer.train()`` after ``trainer = Trainer()``."""
+        key = ("local-functions", id(call.func))
+        cached = self.memo.get(key)
+        if cached is None:
+            cached = self.memo[key] = self._local_functions(call)
+        return cached  # type: ignore[return-value]
+
+    def calls_of(self, func: ast.AST) -> list[tuple[ast.Call, Scope]]:
+        """Every call in this file that may run ``func``, with the scope it is in."""
+        index = self.memo.get("calls-of")
+        if not isinstance(index, dict):
+            sites: dict[int, list[tuple[ast.Call, Scope]]] = {}
+            index = sites
+            for node, scope in self.scopes.items():
+                for sub in self.scope_nodes.get(node, []):
+                    if isinstance(sub, ast.Call):
+                        for target in self.local_functions(sub):
+                            sites.setdefault(id(target), []).append((sub, scope))
+            self.memo["calls-of"] = index
+        return list(index.get(id(func), []))
+
+    def _local_functions(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
         func = call.func
         if isinstance(func, ast.Name) and func.id not in self.imports.names:
+            cls = self.toplevel.get(func.id)
+            if isinstance(cls, ast.ClassDef):  # `Trainer(...)` runs its __init__
+                return _methods(cls, "__init__")
             return self.functions.get(func.id, [])
         receiver = func.value if isinstance(func, ast.Attribute) else None
         if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
             assert isinstance(func, ast.Attribute)
             return self.functions.get(func.attr, [])
+        if isinstance(func, ast.Attribute) and receiver is not None:
+            # `trainer = Trainer(...)` ... `trainer.train()`: a method of a class of this file
+            found: list[_Func] = []
+            for value in self.instance_values(receiver):
+                if isinstance(value.func, ast.Name) and value.func.id not in self.imports.names:
+                    cls = self.toplevel.get(value.func.id)
+                    if isinstance(cls, ast.ClassDef):
+                        found += _methods(cls, func.attr)
+            return found
         return []
+
+    def instance_values(self, receiver: ast.expr) -> list[ast.Call]:
+        """The calls a receiver name was bound to anywhere in the file (``t = Trainer(...)``),
+        or the receiver itself when it is a call (``Trainer(...).train()``)."""
+        if isinstance(receiver, ast.Call):
+            return [receiver]
+        key = dotted(receiver)
+        if key is None:
+            return []
+        index = self.memo.get("instance-values")
+        if not isinstance(index, dict):
+            bound: dict[str, list[ast.expr | None]] = {}
+            index = bound
+            for scope in self.scopes.values():
+                for name, entries in scope.bindings.items():
+                    bound.setdefault(name, []).extend(v for _, v in entries)
+            for bindings in self.class_bindings.values():
+                for name, values in bindings.items():
+                    bound.setdefault(name, []).extend(values)
+            self.memo["instance-values"] = index
+        return [v for v in index.get(key, []) if isinstance(v, ast.Call)]
+
+    def callees(self, call: ast.Call) -> list[FuncRef]:
+        """The functions a call may run: of this file, or of the project when it is known."""
+        if self.resolver is not None:
+            return self.resolver.callees(self, call.func)
+        return [(self, func) for func in self.local_functions(call)]
+
+    def summaries(self, call: ast.Call) -> list[Summary]:
+        """:class:`Summary` of each function a call may run (empty: not the project's code)."""
+        if self.resolver is None:
+            return []
+        return [self.resolver.summary(ref) for ref in self.callees(call)]
+
+    def mentions_rank(self, expr: ast.AST) -> bool:
+        """Whether ``expr`` reads a rank by name (``args.local_rank``, ``get_rank()``…)."""
+        return mentions_rank(expr, self.imports)
 
     # --- kinds ----------------------------------------------------------------------------
 
@@ -364,6 +503,8 @@ class ModuleFacts:
     def _call_kinds(self, call: ast.Call, scope: Scope, depth: int) -> frozenset[str]:
         name = call_name(call, self.imports)
         tail = _tail(name)
+        if tail == "get_logger" and name.startswith("accelerate."):
+            return frozenset({"logger", "rank_logger"})  # logs on the main process by default
         if tail in _CALL_KINDS and not (tail == "open" and "." in name):
             return frozenset({_CALL_KINDS[tail]})
         if name.startswith("torch.optim.lr_scheduler.") or (
@@ -376,104 +517,18 @@ class ModuleFacts:
             return self.kinds(call.args[0], scope, depth + 1)
         if isinstance(call.func, ast.Attribute) and call.func.attr in _PASSTHROUGH_METHODS:
             return self.kinds(call.func.value, scope, depth + 1)
-        return frozenset()
+        found: frozenset[str] = frozenset()
+        for summary in self.summaries(call):  # a helper of the project: what it returns
+            found |= summary.returns
+        return found
 
-    # --- rank guards ----------------------------------------------------------------------
 
-    def mentions_rank(self, expr: ast.AST) -> bool:
-        """Whether ``expr`` reads a rank (a name with ``rank`` in it, ``get_rank()``…)."""
-        return mentions_rank(expr, self.imports)
-
-    def mentions_main_or_rank(self, expr: ast.AST) -> bool:
-        """Whether ``expr`` reads a rank or a main-process flag (``ctx.is_main_process``)."""
-        if self.mentions_rank(expr):
-            return True
-        return any(
-            isinstance(node, (ast.Name, ast.Attribute))
-            and _MAIN_PROCESS.match(_tail(dotted(node)).lower()) is not None
-            for node in ast.walk(expr)
-        )
-
-    def classify_guard(self, test: ast.expr, scope: Scope, depth: int = 0) -> str | None:
-        """How a condition depends on the rank.
-
-        Returns:
-            :data:`GUARD_RANK0` (true on rank 0 only), :data:`GUARD_NOT_RANK0`,
-            :data:`GUARD_RANK_DEP` (true on some ranks), or None (rank-independent).
-        """
-        kind = self._classify(test, scope, depth)
-        return None if kind == "single" else kind
-
-    def _classify(self, test: ast.expr, scope: Scope, depth: int) -> str | None:
-        if depth > 8:
-            return None
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            inner = self._classify(test.operand, scope, depth + 1)
-            if inner == GUARD_RANK0:
-                return GUARD_NOT_RANK0
-            if inner == GUARD_NOT_RANK0:
-                return GUARD_RANK0
-            if inner is None and _tail(dotted(_callee(test.operand))) in _SINGLE_PROCESS_ATTRS:
-                return "single"  # `not dist.is_initialized()`: true only without a group
-            return inner if inner == GUARD_RANK_DEP else None
-        if isinstance(test, ast.BoolOp):
-            parts = [self._classify(v, scope, depth + 1) for v in test.values]
-            if isinstance(test.op, ast.And):
-                for kind in (GUARD_RANK0, GUARD_NOT_RANK0, GUARD_RANK_DEP):
-                    if kind in parts:
-                        return kind
-                return None
-            if GUARD_RANK0 in parts and all(p in (GUARD_RANK0, "single") for p in parts):
-                return GUARD_RANK0  # `not dist.is_initialized() or dist.get_rank() == 0`
-            if any(p in (GUARD_RANK0, GUARD_NOT_RANK0, GUARD_RANK_DEP) for p in parts):
-                return GUARD_RANK_DEP
-            return None
-        if isinstance(test, ast.Compare) and len(test.ops) == 1:
-            return self._classify_compare(test)
-        name = dotted(_callee(test))
-        if name is not None and _MAIN_PROCESS.match(_tail(name).lower()):
-            return GUARD_RANK0
-        if isinstance(test, ast.Name):
-            for value in self.lookup(test.id, scope, _start(test)):
-                if value is not None and not isinstance(value, ast.Name):
-                    return self._classify(value, scope, depth + 1)
-        return None
-
-    def _classify_compare(self, test: ast.Compare) -> str | None:
-        left, op, right = test.left, test.ops[0], test.comparators[0]
-        if self.mentions_rank(right) and not self.mentions_rank(left):
-            left, right = right, left
-            flipped = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}
-            op = flipped.get(type(op), op)
-        sentinel = isinstance(right, ast.Constant) and right.value is None
-        if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub):
-            sentinel = isinstance(right.operand, ast.Constant)  # rank == -1
-        if sentinel:
-            # `rank == -1` / `rank is None`: "not launched distributed" (true on every rank or
-            # none); `!= -1`: "launched distributed".
-            single = isinstance(op, (ast.Eq, ast.Is))
-            return "single" if single and self.mentions_rank(left) else None
-        if not self.mentions_rank(left):
-            sizes = dotted(left) or ""
-            if "world_size" in sizes.lower() and isinstance(right, ast.Constant):
-                return "single"  # `world_size == 1`
-            return None
-        if isinstance(right, ast.Constant) and right.value == 0 and right.value is not False:
-            if isinstance(op, (ast.Eq, ast.Is, ast.LtE)):
-                return GUARD_RANK0
-            if isinstance(op, (ast.NotEq, ast.IsNot, ast.Gt)):
-                return GUARD_NOT_RANK0
-        if (
-            isinstance(right, ast.Constant)
-            and right.value == 1
-            and isinstance(op, (ast.Lt, ast.GtE))
-        ):
-            return GUARD_RANK0 if isinstance(op, ast.Lt) else GUARD_NOT_RANK0
-        if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List)):
-            values = [e.value for e in right.elts if isinstance(e, ast.Constant)]
-            if values == [0]:
-                return GUARD_RANK0 if isinstance(op, ast.In) else GUARD_NOT_RANK0
-        return GUARD_RANK_DEP
+def _methods(cls: ast.ClassDef, name: str) -> list[_Func]:
+    return [
+        node
+        for node in cls.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
+    ]
 
 
 def _is_unwrap(expr: ast.expr) -> bool:
@@ -481,11 +536,6 @@ def _is_unwrap(expr: ast.expr) -> bool:
     if isinstance(expr, ast.Attribute):
         return expr.attr in ("module", "_orig_mod")
     return isinstance(expr, ast.Call) and _tail(dotted(expr.func)) == "unwrap_model"
-
-
-def _callee(expr: ast.AST) -> ast.AST:
-    """``f`` for ``f()`` (so ``is_main_process()`` reads like ``is_main_process``)."""
-    return expr.func if isinstance(expr, ast.Call) else expr
 
 
 def mentions_rank(expr: ast.AST, imports: Imports) -> bool:
@@ -502,11 +552,16 @@ def mentions_rank(expr: ast.AST, imports: Imports) -> bool:
     for node in ast.walk(expr):
         if isinstance(node, (ast.Name, ast.Attribute)):
             name = dotted(node)
-            if name is not None and "rank" in _tail(name).lower():
+            last = _tail(name).lower()
+            if "rank" in last or last in _RANK_ATTRS:
                 return True
         elif isinstance(node, ast.Call):
-            if _tail(call_name(node, imports)) in _RANK_CALLS:
+            if _tail(call_name(node, imports)) in RANK_CALLS:
                 return True
-        elif isinstance(node, ast.Constant) and node.value in ("RANK", "LOCAL_RANK"):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (node.value.endswith("RANK") or node.value in _RANK_ENV)  # GROUP_RANK, SLURM_*
+        ):
             return True
     return False

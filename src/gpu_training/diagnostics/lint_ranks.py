@@ -32,6 +32,8 @@ import ast
 from typing import NamedTuple
 
 from gpu_training.diagnostics.lint_calls import call_arg, keyword_arg, tail
+from gpu_training.diagnostics.lint_collectives import DIST_SETUP_CALLS, direct_collective
+from gpu_training.diagnostics.lint_guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint_model import (
     ModuleFacts,
     Scope,
@@ -41,7 +43,6 @@ from gpu_training.diagnostics.lint_model import (
 )
 
 __all__ = [
-    "DIST_SETUP_CALLS",
     "GuardedCollective",
     "RankAnalysis",
     "every_rank_log",
@@ -49,103 +50,12 @@ __all__ = [
     "logs_silenced_per_rank",
     "rank_dependent_assignments",
     "rank_dependent_update",
+    "rank_in_value",
     "unpaired_collectives",
 ]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
-
-DIST_SETUP_CALLS = frozenset(
-    {
-        "init_process_group",
-        "init_distributed",
-        "DistributedDataParallel",
-        "DDP",
-        "FullyShardedDataParallel",
-        "FSDP",
-        "fully_shard",
-        "DistributedSampler",
-        "make_distributed_sampler",
-        "GlobalBatchSampler",
-        "wrap_model",
-    }
-)
-"""Callee names (last part) that set up distributed training: a process group, a wrapper, a
-distributed sampler."""
-
-_COLLECTIVES = frozenset(
-    {
-        "barrier",
-        "monitored_barrier",
-        "all_reduce",
-        "all_gather",
-        "all_gather_object",
-        "all_gather_into_tensor",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "broadcast",
-        "broadcast_object_list",
-        "gather",
-        "gather_object",
-        "scatter",
-        "scatter_object_list",
-        "all_to_all",
-        "all_to_all_single",
-        "new_group",
-        "init_process_group",
-        "get_model_state_dict",
-        "get_optimizer_state_dict",
-        "get_state_dict",
-    }
-)
-_TOOLKIT_COLLECTIVES = frozenset(
-    {
-        "reduce_scalar_dict",
-        "train_one_epoch",
-        "capture_training_state",
-        "gather_rng_states",
-        "init_distributed",
-        "cleanup_distributed",
-    }
-)
-_CKPT_COLLECTIVE_METHODS = frozenset({"save", "wait", "close", "save_sharded", "load_sharded"})
-
-
-# --- collectives ----------------------------------------------------------------------------
-
-
-def _direct_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | None:
-    """The collective a call itself runs (not through this file's functions), if any.
-
-    Args:
-        call: The call.
-        scope: Where it appears (for the kinds of its receiver).
-        facts: The file's facts.
-
-    Returns:
-        Its name as reported (``all_reduce``, ``CheckpointManager.save``…), or None.
-    """
-    name, last, method = _callee(call, facts)
-    head = name.split(".")[0]
-    if last in _COLLECTIVES and (
-        name.startswith("torch.distributed") or head in ("dist", "distributed")
-    ):
-        return last
-    if method in ("barrier", "monitored_barrier", "wait_for_everyone"):
-        return method
-    if last in _TOOLKIT_COLLECTIVES or (
-        last == "find_max_batch_size" and keyword_arg(call, "ctx") is not None
-    ):
-        return last
-    if name.startswith("torch.distributed.checkpoint") and last in ("save", "load"):
-        return f"dcp.{last}"
-    if isinstance(call.func, ast.Attribute):
-        kinds = facts.kinds(call.func.value, scope)
-        if method in _CKPT_COLLECTIVE_METHODS and "ckpt_manager" in kinds:
-            return f"CheckpointManager.{method}"
-        if method == "state_dict" and "fsdp" in kinds:
-            return "FSDP state_dict (all-gather)"
-    return None
+_FRAMEWORK_SETUP = frozenset({"Accelerator", "Fabric", "PartialState"})
 
 
 def _callee(call: ast.Call, facts: ModuleFacts) -> tuple[str, str, str | None]:
@@ -160,8 +70,9 @@ class RankAnalysis:
 
     Args:
         facts: The file's facts.
-        distributed: Whether the file uses ``torch.distributed`` at all (when not, no scope
-            runs "on every rank" and no function creates the group).
+        distributed: Whether the file uses ``torch.distributed`` at all, or runs in the
+            processes of a script that does (when not, no scope runs "on every rank").
+        seeds: Functions of the file that other files call from code every rank runs.
 
     Attributes:
         collective_functions: Each function of the file that runs a collective, with what it
@@ -172,8 +83,11 @@ class RankAnalysis:
             writing count).
     """
 
-    def __init__(self, facts: ModuleFacts, distributed: bool) -> None:
+    def __init__(
+        self, facts: ModuleFacts, distributed: bool, seeds: frozenset[ast.AST] = frozenset()
+    ) -> None:
         self.facts = facts
+        self.seeds = seeds
         self.collective_functions = self._collective_functions()
         self.group_creators: set[ast.AST] = set()
         self.every_rank_scopes: set[ast.AST] = set()
@@ -187,13 +101,17 @@ class RankAnalysis:
         Returns:
             Its name as reported (``"validate(), which calls all_reduce (line 9)"``), or None.
         """
-        direct = _direct_collective(call, scope, self.facts)
+        direct = direct_collective(call, scope, self.facts)
         if direct is not None:
             return direct
         for func in self.facts.local_functions(call):
             inner = self.collective_functions.get(func)
             if inner is not None:
                 return f"{func.name}(), which calls {inner}"
+        for callee, func in self.facts.callees(call):
+            summary = self.facts.resolver.summary((callee, func)) if self.facts.resolver else None
+            if callee is not self.facts and summary is not None and summary.collective:
+                return f"{summary.where}, which calls {summary.collective}"
         return None
 
     def collectives_in(self, stmts: list[ast.stmt], scope: Scope) -> frozenset[str]:
@@ -225,6 +143,8 @@ class RankAnalysis:
                 return True
             if any(f in self.group_creators for f in self.facts.local_functions(node)):
                 return True
+            if any(s.creates_group for s in self.facts.summaries(node)):
+                return True
         return False
 
     def _collective_functions(self) -> dict[_Func, str]:
@@ -237,7 +157,7 @@ class RankAnalysis:
             nodes = self.facts.scope_nodes.get(func, [])
             calls[func] = [n for n in nodes if isinstance(n, ast.Call)]
             for call in calls[func]:
-                name = _direct_collective(call, scope, self.facts)
+                name = direct_collective(call, scope, self.facts)
                 if name is not None:
                     found[func] = f"{name} (line {call.lineno})"
                     break
@@ -269,35 +189,64 @@ class RankAnalysis:
         for node, scope in self.facts.scopes.items():
             calls[node] = set()
             for sub in self.facts.scope_nodes.get(node, []):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                    calls[node].update(self.facts.functions.get(sub.id, []))  # `submit(save)`
                 if not isinstance(sub, ast.Call):
                     continue
                 calls[node].update(self.facts.local_functions(sub))
                 name = call_name(sub, self.facts.imports)
                 last = tail(name)
-                if last in ("init_process_group", "init_distributed"):
+                helpers = [
+                    self.facts.resolver.summary(ref)
+                    for ref in self.facts.callees(sub)
+                    if ref[0] is not self.facts and self.facts.resolver is not None
+                ]
+                if last in ("init_process_group", "init_distributed") or any(
+                    h.creates_group for h in helpers
+                ):
                     creates.add(node)
                 if (
                     last in DIST_SETUP_CALLS
+                    or last in _FRAMEWORK_SETUP
                     or last in ("get_rank", "get_world_size")
                     or name.startswith("torch.distributed.")
-                    or _direct_collective(sub, scope, self.facts) is not None
+                    or direct_collective(sub, scope, self.facts) is not None
+                    or any(h.distributed for h in helpers)
                 ):
                     direct.add(node)
+        direct |= self.seeds
         changed = True
-        while changed:  # callers of group creators
+        launchers = self._launchers()
+        while changed:  # callers of group creators (not through the parent that spawns them)
             changed = False
             for node, callees in calls.items():
-                if node not in creates and callees & creates:
+                if node not in creates and node not in launchers and callees & creates:
                     creates.add(node)
                     changed = True
-        found = direct | creates
+        found = (direct | creates) - launchers
         todo = list(found)
         while todo:  # callees of distributed code
             for callee in calls.get(todo.pop(), set()):
-                if callee not in found:
+                if callee not in found and callee not in launchers:
                     found.add(callee)
                     todo.append(callee)
         return creates, found
+
+    def _launchers(self) -> set[ast.AST]:
+        """Scopes that start the ranks (``mp.spawn(worker, ...)``) and do not create a group
+        themselves: the parent process runs them once."""
+        found = set()
+        for node in self.facts.scopes:
+            for sub in self.facts.scope_nodes.get(node, []):
+                if not isinstance(sub, ast.Call):
+                    continue
+                name = call_name(sub, self.facts.imports)
+                if "multiprocessing" in name and tail(name) in ("spawn", "start_processes"):
+                    found.add(node)
+                if tail(name) in ("init_process_group", "init_distributed"):
+                    found.discard(node)
+                    break
+        return found
 
 
 class GuardedCollective(NamedTuple):
@@ -433,14 +382,90 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         path, what = call.func.value, method
     elif method in _FILE_METHODS:
         assert isinstance(call.func, ast.Attribute)
-        path, what = (call.args[0] if call.args else call.func.value), method
-    if path is None:
+        given = call.args[0] if call.args else keyword_arg(call, "path_or_buf")
+        if method in ("to_csv", "to_json") and given is None:
+            return None  # no path: it returns the text
+        path, what = (given if given is not None else call.func.value), method
+    if path is None or _caller_decides(path, scope, facts):
         return None
     if facts.mentions_rank(call) or facts.kinds(path, scope) & {"tempfile"}:
         return None  # one file per rank, or a private temporary file
+    if rank_in_value(facts, path, scope):
+        return None  # save_path = f"ckpt.rank{rank}"; torch.save(state, save_path)
     if dotted(path) == "os.devnull" or facts.kinds(path, scope) & {"buffer"}:
         return None
     return what
+
+
+def _caller_decides(path: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
+    """The path is a parameter of the function with no literal default, and no call in this
+    file passes it a path without the rank: the callers choose it (one per rank, or not), so
+    nothing here says every rank writes the same file."""
+    func = scope.node
+    if not isinstance(path, ast.Name) or not isinstance(
+        func, (ast.FunctionDef, ast.AsyncFunctionDef)
+    ):
+        return False
+    args = func.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults: dict[str, ast.expr | None] = {a.arg: None for a in positional}
+    tail_args = positional[len(positional) - len(args.defaults) :]
+    for arg, literal in zip(tail_args, args.defaults, strict=True):
+        defaults[arg.arg] = literal
+    for arg, maybe in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        defaults[arg.arg] = maybe
+    if args.vararg is not None:
+        defaults[args.vararg.arg] = None
+    if path.id not in defaults:
+        return False
+    default = defaults[path.id]
+    if isinstance(default, ast.Constant) and isinstance(default.value, str):
+        return False
+    names = [a.arg for a in positional]
+    index = names.index(path.id) - (1 if names and names[0] in ("self", "cls") else 0)
+    passed = []
+    for sub, where in facts.calls_of(func):
+        value = keyword_arg(sub, path.id)
+        if value is None and path.id in names and 0 <= index < len(sub.args):
+            value = sub.args[index]
+        passed.append((value, where))
+    shared = [v for v, w in passed if v is not None and not rank_in_value(facts, v, w)]
+    return not passed or len(shared) < len(passed)
+
+
+def rank_in_value(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
+    """Whether a value (a path) is built with the rank anywhere along its names: directly
+    (``f"ckpt_{rank}.pt"``), through a name bound to such a value, or through a parameter
+    some caller in the file passes one (``log_suffix = "-rank%03i" % rank`` two calls up)."""
+    if facts.mentions_rank(expr):
+        return True
+    if depth > 4:
+        return False
+    for node in ast.walk(expr):
+        if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
+            continue
+        values = facts.lookup_all(node.id, scope)
+        if any(v is not None and rank_in_value(facts, v, scope, depth + 1) for v in values):
+            return True
+        func = scope.node
+        is_param = None in values and isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if is_param and _passed_with_rank(facts, func, node.id, depth):  # type: ignore[arg-type]
+            return True
+    return False
+
+
+def _passed_with_rank(facts: ModuleFacts, func: _Func, name: str, depth: int) -> bool:
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    if name not in params:
+        return False
+    index = params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
+    for sub, where in facts.calls_of(func):
+        value = keyword_arg(sub, name)
+        if value is None and 0 <= index < len(sub.args):
+            value = sub.args[index]
+        if value is not None and rank_in_value(facts, value, where, depth + 1):
+            return True
+    return False
 
 
 def logs_silenced_per_rank(calls: list[ast.Call], facts: ModuleFacts) -> bool:
@@ -451,7 +476,7 @@ def logs_silenced_per_rank(calls: list[ast.Call], facts: ModuleFacts) -> bool:
     return any(
         isinstance(c.func, ast.Attribute)
         and c.func.attr in ("setLevel", "basicConfig", "set_verbosity")
-        and facts.mentions_main_or_rank(c)
+        and mentions_main_or_rank(facts, c)
         for c in calls
     )
 
@@ -494,6 +519,22 @@ def every_rank_log(
         what = method or last
     elif last in ("tqdm", "trange") and keyword_arg(call, "disable") is None:
         what = last
-    if what is not None and not facts.mentions_rank(call):
+    if what is not None and not _labelled_with_rank(call, scope, facts):
         return what
     return None
+
+
+def _labelled_with_rank(call: ast.Call, scope: Scope, facts: ModuleFacts) -> bool:
+    """A message that names its rank or process (``print(f"[GPU{self.gpu_id}] ...")`` with
+    ``gpu_id`` a rank, ``os.getpid()``): one line per rank, each telling which."""
+    if facts.mentions_rank(call):
+        return True
+    for arg in [*call.args, *(k.value for k in call.keywords)]:
+        for node in ast.walk(arg):
+            if isinstance(node, ast.Call) and tail(dotted(node.func)) in ("getpid", "gethostname"):
+                return True
+            if isinstance(node, (ast.Name, ast.Attribute)) and rank_derived(facts, node, scope):
+                return True
+        if rank_in_value(facts, arg, scope):
+            return True
+    return False

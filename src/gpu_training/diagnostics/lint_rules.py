@@ -5,9 +5,16 @@ message, a longer explanation that quotes the reasoning of the guides the toolki
 and a fix. :mod:`gpu_training.diagnostics.lint_checks` finds the pitfalls;
 :mod:`gpu_training.diagnostics.lint` runs the checks and prints them.
 
+Two severities: ``bug`` rules find a mistake that costs a run (wrong data, a hang, a corrupt
+file, wasted compute); ``hygiene`` rules (:data:`HYGIENE`: printing from every rank, a
+learning rate that is not scaled) find code a careful user may keep on purpose, so
+``gpu-training lint`` leaves them out unless asked (``--hygiene`` or ``--select GT008``).
+
 Example:
     >>> RULES["GT007"].name
     'unguarded-write'
+    >>> RULES["GT008"].severity
+    'hygiene'
     >>> print(explain("GT004").splitlines()[0])
     GT004 shuffle-with-sampler: shuffle=True passed to a DataLoader that also has a sampler
 """
@@ -15,9 +22,14 @@ Example:
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["GUIDES", "RULES", "Rule", "explain"]
+__all__ = ["BUG", "GUIDES", "HYGIENE", "RULES", "Rule", "explain"]
+
+BUG = "bug"
+"""The default severity: a mistake that costs a run."""
+HYGIENE = "hygiene"
+"""Off by default: code worth a look, often kept on purpose."""
 
 GUIDES: dict[str, str] = {
     "dist": "Distributed Training Guide (gpu_training)",
@@ -41,6 +53,7 @@ class Rule:
         explanation: Why it is a bug, in a few sentences.
         fix: What to write instead.
         cites: ``(guide key, section)`` pairs from :data:`GUIDES` backing the explanation.
+        severity: :data:`BUG` (reported by default) or :data:`HYGIENE` (on request).
     """
 
     code: str
@@ -49,12 +62,17 @@ class Rule:
     explanation: str
     fix: str
     cites: tuple[tuple[str, str], ...]
+    severity: str = BUG
 
 
 def _rule(
     code: str, name: str, message: str, explanation: str, fix: str, *cites: tuple[str, str]
 ) -> Rule:
     return Rule(code, name, message, " ".join(explanation.split()), " ".join(fix.split()), cites)
+
+
+def _hygiene(rule: Rule) -> Rule:
+    return replace(rule, severity=HYGIENE)
 
 
 _RULE_LIST = [
@@ -97,7 +115,9 @@ _RULE_LIST = [
         same batch N times": without a DistributedSampler "every GPU processes the same data,
         N x wasted compute, wrong gradients". A RandomSampler or SequentialSampler is not
         distributed either. (Loaders whose name says validation/evaluation/test are not
-        checked.)""",
+        checked, nor loaders handed to accelerator.prepare(), built with **kwargs, or over a
+        dataset that takes the rank; a sampler chosen in an if/else or built by a helper of
+        the project counts when any path gives a distributed one.)""",
         """sampler = gpu_training.ddp.make_distributed_sampler(dataset, ctx, shuffle=True,
         seed=...) and DataLoader(dataset, batch_size=..., sampler=sampler, shuffle=(sampler is
         None)); or a gpu_training.data.GlobalBatchSampler as batch_sampler.""",
@@ -149,28 +169,34 @@ _RULE_LIST = [
         """"All ranks hold identical weights, so only rank 0 writes. Having every rank write the
         same path to a shared filesystem at once corrupts the file." A write outside an
         `if rank == 0` / `if ctx.is_main_process` guard runs on every process. (A path that
-        contains the rank, i.e. one file per rank, is not flagged, nor is the code of a
-        launcher that starts the ranks from the same file.)""",
+        contains the rank, i.e. one file per rank - directly or through a name or parameter
+        built with it - is not flagged, nor a call told which process is main
+        (save_pretrained(..., is_main_process=...)), nor the code of a launcher that starts
+        the ranks from the same file. A guard on the node-local rank is GT017.)""",
         """Wrap the write in `if ctx.is_main_process:` (followed by a barrier on every rank if
         others read the file), or use gpu_training.checkpoint.CheckpointManager, which writes
         on rank 0 atomically and makes save() a barrier.""",
         ("dist", "Checkpointing without corrupting files"),
         ("strategies", "Common Pitfalls"),
     ),
-    _rule(
-        "GT008",
-        "unguarded-log",
-        "printing or logging from every rank: guard it with a rank-0 check",
-        """"Guard all printing, progress bars, and metric uploads with ctx.is_main_process to
+    _hygiene(
+        _rule(
+            "GT008",
+            "unguarded-log",
+            "printing or logging from every rank: guard it with a rank-0 check",
+            """"Guard all printing, progress bars, and metric uploads with ctx.is_main_process to
         avoid eight identical log streams." Each rank's number is also only its own shard's:
-        reduce before logging. (Messages that include the rank, error paths in `except`
-        blocks, warnings, loggers whose level is set per rank and a launcher's own code are
-        not flagged.)""",
-        """metrics = reduce_scalar_dict({...}, ctx) on every rank, then `if
+        reduce before logging. Hygiene, not a bug: off unless asked. (Not flagged: messages
+        that include the rank, error paths in `except` blocks and right before an exit,
+        warnings, loggers whose level or handlers are chosen by rank, prints in a project
+        whose setup replaces builtins.print on the other ranks (setup_for_distributed), and a
+        launcher's own code.)""",
+            """metrics = reduce_scalar_dict({...}, ctx) on every rank, then `if
         ctx.is_main_process: print(...)`; give tqdm `disable=not ctx.is_main_process`.""",
-        ("dist", "Logging metrics across ranks"),
-        ("strategies", "Common Pitfalls"),
-        ("tutorial", "Logging and Checkpointing in DDP"),
+            ("dist", "Logging metrics across ranks"),
+            ("strategies", "Common Pitfalls"),
+            ("tutorial", "Logging and Checkpointing in DDP"),
+        )
     ),
     _rule(
         "GT009",
@@ -187,21 +213,24 @@ _RULE_LIST = [
         ("patterns", "Avoiding Deadlocks"),
         ("tutorial", "Debugging DDP Hangs"),
     ),
-    _rule(
-        "GT010",
-        "unscaled-lr",
-        "constant learning rate in a data-parallel script: scale it with the effective batch",
-        """The optimizer sees per_device_batch x accumulation x world_size samples per step. "If
+    _hygiene(
+        _rule(
+            "GT010",
+            "unscaled-lr",
+            "constant learning rate in a data-parallel script: scale it with the effective batch",
+            """The optimizer sees per_device_batch x accumulation x world_size samples per step. "If
         you tuned a learning rate at effective batch 256 on one GPU, then run the same
         per_device_batch_size on 8 GPUs, your effective batch silently becomes 2048 - 8x larger
         - and your learning rate is now far too small." A literal LR cannot follow the world
-        size. (If the value was tuned for this exact world size, say so with # noqa: GT010.)""",
-        """Derive it: TrainingConfig(learning_rate=..., base_batch_size=...).scaled_learning_rate
+        size. Hygiene, not a bug: off unless asked. (If the value was tuned for this exact
+        world size, say so with # noqa: GT010.)""",
+            """Derive it: TrainingConfig(learning_rate=..., base_batch_size=...).scaled_learning_rate
         (or gpu_training.config.scale_lr), i.e. base_lr x effective_batch / base_batch, with a
         warmup (linear_warmup_cosine_lr).""",
-        ("dist", "Effective batch size: the number that actually matters"),
-        ("tutorial", "Scaling the Learning Rate"),
-        ("multigpu", "Linear Scaling Rule"),
+            ("dist", "Effective batch size: the number that actually matters"),
+            ("tutorial", "Scaling the Learning Rate"),
+            ("multigpu", "Linear Scaling Rule"),
+        )
     ),
     _rule(
         "GT011",
@@ -234,10 +263,15 @@ _RULE_LIST = [
         "gradient accumulation on a DDP model without no_sync(): every micro-batch all-reduces",
         """"DDP runs an all-reduce on every backward() by default, so naive accumulation syncs
         gradients you are about to keep accumulating." The result is correct but each
-        accumulation window pays accumulation_steps all-reduces instead of one.""",
+        accumulation window pays accumulation_steps all-reduces instead of one. The same holds
+        for accumulation through a helper (loss_scaler(loss, optimizer,
+        update_grad=(i + 1) % k == 0)), for a micro-batch loop that calls backward() k times
+        before one optimizer step, and for accelerator.backward() without
+        accelerator.accumulate() (Accelerate) or fabric.no_backward_sync() (Fabric).""",
         """Wrap the non-stepping micro-batches: `with model.no_sync() if not stepping else
         nullcontext():` or `with gpu_training.ddp.gradient_sync(model, enabled=stepping):`
-        (stepping = gpu_training.amp.should_step(micro_step, accum)).""",
+        (stepping = gpu_training.amp.should_step(micro_step, accum)); with Accelerate, `with
+        accelerator.accumulate(model):` and Accelerator(gradient_accumulation_steps=k).""",
         ("dist", "Gradient accumulation under DDP"),
         ("tutorial", "Gradient Synchronisation and Communication"),
     ),
@@ -259,11 +293,57 @@ _RULE_LIST = [
         "process group created but never destroyed",
         """"Always destroy the process group at the end (and in your exception handler) so
         NCCL releases resources cleanly." Measured here: without a barrier before
-        destroy_process_group(), 4 of 6 gloo runs aborted at exit.""",
+        destroy_process_group(), 4 of 6 gloo runs aborted at exit. The group counts wherever
+        it is created: a helper of the project (init_distributed_mode(args) in utils.py) that
+        creates it makes the training script that calls the helper responsible for
+        destroying it.""",
         """try: ... finally: gpu_training.ddp.cleanup_distributed() (barrier, then
         destroy_process_group; idempotent), or dist.destroy_process_group() at the end of
         main.""",
         ("dist", "Tearing down"),
+    ),
+    _rule(
+        "GT016",
+        "no-sync-after-forward",
+        "no_sync() encloses backward() but not the forward: the gradients are still all-reduced",
+        """DDP decides in forward() whether the next backward() all-reduces (it prepares the
+        reducer there when gradient sync is on), so a no_sync() block entered after the
+        forward changes nothing: every micro-batch still pays an all-reduce. The guides put
+        the forward and the backward in the same block: "with model.no_sync(): out =
+        model(x) ... loss.backward()".""",
+        """Move the forward into the block: `with model.no_sync() if not stepping else
+        nullcontext(): loss = loss_fn(model(x), y); loss.backward()` (or
+        gpu_training.ddp.gradient_sync(model, enabled=stepping)).""",
+        ("dist", "Gradient accumulation under DDP"),
+        ("tutorial", "Gradient Synchronisation and Communication"),
+    ),
+    _rule(
+        "GT017",
+        "node-local-rank-write",
+        "file written on local rank 0: one writer per node, all writing the same path",
+        """LOCAL_RANK is the GPU index within a node ("0-3 for 4 GPUs; RANK is the global
+        process rank"), so `if local_rank == 0:` holds on one process of every node. On two
+        nodes sharing a filesystem, two processes write the same checkpoint at once - the
+        corruption a rank-0 guard exists to prevent. (Writes whose path names the node or the
+        rank are not flagged.)""",
+        """Guard writes to shared storage with the global rank: `if dist.get_rank() == 0:` (or
+        ctx.is_main_process, accelerator.is_main_process); keep LOCAL_RANK for node-local
+        work (a download into a local cache, the GPU index).""",
+        ("tutorial", "Launching with torchrun"),
+        ("dist", "Checkpointing without corrupting files"),
+    ),
+    _rule(
+        "GT018",
+        "device-from-global-rank",
+        "GPU index taken from the global rank: on a second node it names a GPU that is not there",
+        """The GPU a process drives is its LOCAL_RANK, "the GPU index within the node"; the
+        global RANK runs to world_size - 1. On one node the two agree, so the script works
+        until the second node, where rank 4 of a 4-GPU node asks for cuda:4 (invalid device
+        ordinal) - or, taken modulo, silently shares a GPU.""",
+        """torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) and use that index for
+        .to()/device_ids (gpu_training.ddp.resolve_device(ctx) does it).""",
+        ("tutorial", "Launching with torchrun"),
+        ("dist", "The process group mental model"),
     ),
 ]
 

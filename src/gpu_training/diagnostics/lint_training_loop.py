@@ -50,8 +50,6 @@ __all__ = [
     "scalers_with_bf16",
 ]
 
-_NO_SYNC_CALLS = frozenset({"no_sync", "gradient_sync", "accumulate"})
-
 
 class LoopAnalysis:
     """Accumulation loops and AMP scaler use in one file, computed once per file.
@@ -64,17 +62,176 @@ class LoopAnalysis:
         self.facts = facts
         self._scaler_scopes = self._scaler_scope_info()
         self._accum_cache: dict[ast.stmt, bool] = {}
+        self._sync_cache: dict[ast.stmt, bool] = {}
+        self._following: dict[ast.stmt, list[ast.stmt]] | None = None
 
     def clips_before_unscale(self, call: ast.Call, scope: Scope) -> bool:
-        """``GT012``: whether a clipping call comes before any ``unscale_`` of its scaler.
+        """``GT012``: whether a clipping call comes after a ``scaler.scale()`` on its path and
+        before any ``unscale_`` of its scaler.
 
-        Only scopes that scale a loss with a ``GradScaler`` count; the check is by position in
-        the function (no ``unscale_`` earlier in the source).
+        Only scopes that scale a loss with a ``GradScaler`` count. The scaled backward must
+        come earlier in the clip's own block or an enclosing one (not in the other branch of
+        an ``if amp: ... else: ...``); no ``unscale_`` may come earlier in the function.
         """
         unscales = self._scaler_scopes.get(scope.node)
         if unscales is None:
             return False
-        return not any(pos < node_start(call) for pos in unscales)
+        if any(pos < node_start(call) for pos in unscales):
+            return False
+        body = getattr(scope.node, "body", [])
+        for block, index in _enclosing_blocks(body, call):
+            for stmt in block[:index]:
+                if any(self._is_scale(n, scope) for n in ast.walk(stmt)):
+                    return True
+        return False
+
+    def _is_scale(self, node: ast.AST, scope: Scope) -> bool:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            return False
+        receiver = node.func.value
+        return node.func.attr == "scale" and (
+            "scaler" in self.facts.kinds(receiver, scope)
+            or "scaler" in tail(dotted(receiver)).lower()
+        )
+
+    def handles_sync(self, loop: ast.stmt, scope: Scope) -> bool:
+        """Whether a loop manages DDP's gradient sync itself: a ``no_sync()``/``accumulate()``
+        block anywhere in it, or nanoGPT's ``require_backward_grad_sync`` switch."""
+        cached = self._sync_cache.get(loop)
+        if cached is None:
+            cached = False
+            for node in iter_scope_nodes(getattr(loop, "body", [])):
+                if isinstance(node, (ast.Assign, ast.AugAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    if any(tail(dotted(t)) == "require_backward_grad_sync" for t in targets):
+                        cached = True
+                elif isinstance(node, (ast.With, ast.AsyncWith)) and any(
+                    is_no_sync(item.context_expr, scope, self.facts) for item in node.items
+                ):
+                    cached = True
+            self._sync_cache[loop] = cached
+        return cached
+
+    def accumulating_backward(self, loop: ast.stmt, call: ast.Call, scope: Scope) -> str | None:
+        """``GT013``: whether a backward in an accumulation loop runs on micro-batches that do
+        not step, and where the loop steps (``"optimizer.step() only if i % k == 0 (line 9)"``).
+
+        A backward on a path that steps every iteration (the ``else`` of
+        ``if accumulation_steps > 1:``) is not one.
+        """
+        if not self.is_accumulation_loop(loop, scope):
+            return None
+        for block, index in reversed(_enclosing_blocks(getattr(loop, "body", []), call)):
+            for stmt in block[index + 1 :]:
+                if isinstance(stmt, ast.Expr) and self._is_optimizer_step(stmt.value, scope):
+                    return None  # this path steps on every micro-batch
+                if isinstance(stmt, ast.If) and _is_accumulation_test(stmt.test):
+                    found = self._step_under(stmt, scope)
+                    if found is not None:
+                        return found
+        return self.accumulation_step(loop, scope)
+
+    def _step_under(self, test: ast.If, scope: Scope) -> str | None:
+        for sub in iter_scope_nodes(test.body):
+            if self._is_optimizer_step(sub, scope):
+                assert isinstance(sub, ast.Call)
+                condition = ast.unparse(test.test)
+                return f"{ast.unparse(sub.func)}() only if {condition} (line {test.lineno})"
+        return None
+
+    def accumulation_step(self, loop: ast.stmt, scope: Scope) -> str:
+        """Where an accumulation loop steps: ``"optimizer.step() only if i % k == 0 (line 9)"``
+        (a modulo test first, then any accumulation-named one)."""
+        tests = [
+            n
+            for n in iter_scope_nodes(getattr(loop, "body", []))
+            if isinstance(n, ast.If) and _is_accumulation_test(n.test)
+        ]
+        tests.sort(key=lambda n: not _is_boundary_test(n.test))
+        for node in tests:
+            found = self._step_under(node, scope)
+            if found is not None:
+                return found
+        return "the optimizer steps every few micro-batches"
+
+    def is_micro_batch_loop(self, loop: ast.stmt, scope: Scope) -> bool:
+        """A loop that runs ``backward()`` several times and steps after it: the micro-batches
+        of one optimizer step (``for micro in range(k): loss.backward()`` then ``step()``)."""
+        if self.handles_sync(loop, scope) or not isinstance(loop, (ast.For, ast.While)):
+            return False
+        body = list(iter_scope_nodes(loop.body))
+        if any(self._is_optimizer_step(n, scope) for n in body):
+            return False
+        if not any(_is_backward(n) for n in body):
+            return False
+        if self._following is None:
+            self._following = {}
+            for node in ast.walk(self.facts.tree):
+                for name in ("body", "orelse", "finalbody"):
+                    block = getattr(node, name, None)
+                    if not isinstance(block, list):
+                        continue
+                    for index, stmt in enumerate(block):
+                        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                            self._following[stmt] = block[index + 1 :]
+        following = self._following.get(loop, [])
+        return any(
+            self._is_optimizer_step(n, scope)
+            for stmt in following
+            for n in iter_scope_nodes([stmt])
+        )
+
+    def accumulating_helper(self, call: ast.Call, scope: Scope) -> str | None:
+        """``loss_scaler(loss, optimizer, update_grad=(i + 1) % k == 0)``: a helper that runs
+        the backward on every call and steps only when told (MAE's, Swin's, DeiT's scalers).
+
+        Returns:
+            The evidence, or None: no argument of the call is an accumulation boundary, or the
+            call does not hand it a loss.
+        """
+        passed = [(k.arg, k.value) for k in call.keywords] + [(None, a) for a in call.args]
+        for name, value in passed:
+            test = value
+            if isinstance(value, ast.Name):
+                bound = self.facts.lookup(value.id, scope, node_start(value))
+                test = next((v for v in bound if v is not None), value)
+            if not _is_boundary_test(test):
+                continue
+            takes_loss = any("loss" in ast.unparse(a).lower() for a in call.args[:1])
+            if not takes_loss and not any(s.trains for s in self.facts.summaries(call)):
+                continue
+            shown = f"{name}={ast.unparse(value)}" if name else ast.unparse(value)
+            callee = ast.unparse(call.func)
+            return f"{callee}(..., {shown}) runs backward() on every micro-batch; no no_sync()"
+        return None
+
+    def no_sync_after_forward(
+        self, stmt: ast.With | ast.AsyncWith, item: ast.withitem, scope: Scope
+    ) -> tuple[ast.Call, str] | None:
+        """``GT016``: a ``no_sync()`` block whose body runs a backward but no forward.
+
+        Returns:
+            ``(the backward call, evidence)``, or None: the block calls anything that may run
+            the model (the model itself, a loss function, a helper).
+        """
+        calls = [n for n in iter_scope_nodes(stmt.body) if isinstance(n, ast.Call)]
+        backward = next((c for c in calls if _is_backward(c)), None)
+        if backward is None or any(_may_forward(c) for c in calls):
+            return None
+        loss = backward.args[0] if backward.args else None
+        if isinstance(backward.func, ast.Attribute) and not backward.args:
+            loss = backward.func.value
+            while isinstance(loss, ast.Call) and isinstance(loss.func, ast.Attribute):
+                loss = loss.args[0] if loss.args else loss.func.value  # scaler.scale(loss)
+        origin = ""
+        if isinstance(loss, ast.Name):
+            bound = [
+                v for v in self.facts.lookup(loss.id, scope, node_start(stmt)) if v is not None
+            ]
+            if bound:
+                origin = f"; {loss.id} is computed at line {bound[-1].lineno}, before the block"
+        context = ast.unparse(item.context_expr)
+        return backward, f"with {context} holds only the backward{origin}"
 
     def is_accumulation_loop(self, loop: ast.stmt, scope: Scope) -> bool:
         """Whether a loop steps the optimizer only on some iterations (gradient accumulation).
@@ -135,6 +292,108 @@ class LoopAnalysis:
         return info
 
 
+_SYNC_CONTEXTS = frozenset({"no_sync", "gradient_sync", "accumulate", "no_backward_sync"})
+# Calls inside a `with no_sync():` block that cannot run the model's forward.
+_NO_FORWARD = frozenset(
+    {
+        "backward",
+        "scale",
+        "item",
+        "detach",
+        "mean",
+        "sum",
+        "div",
+        "div_",
+        "mul",
+        "float",
+        "clone",
+        "append",
+        "update",
+        "unscale_",
+        "zero_grad",
+        "cpu",
+        "numpy",
+        "size",
+        "len",
+        "print",
+        "isinstance",
+        "isfinite",
+        "is_finite",
+        "synchronize",
+    }
+)
+
+
+def _syncs(expr: ast.AST) -> bool:
+    """``model.no_sync()``, ``accelerator.accumulate(model)``, or ``model.no_sync`` itself."""
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Call) and tail(dotted(node.func)) in _SYNC_CONTEXTS:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in _SYNC_CONTEXTS:
+            return True
+    return False
+
+
+def _is_backward(node: ast.AST) -> bool:
+    """``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "backward"
+    )
+
+
+def _may_forward(call: ast.Call) -> bool:
+    """Whether a call may run the model: anything but a few tensor and bookkeeping methods."""
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr not in _NO_FORWARD
+    if isinstance(call.func, ast.Name):
+        return call.func.id not in _NO_FORWARD
+    return True
+
+
+def _is_boundary_test(expr: ast.expr) -> bool:
+    """``(i + 1) % accum == 0``, ``should_step(i, k)``: true on the last micro-batch only."""
+    if isinstance(expr, ast.Call):
+        return tail(dotted(expr.func)) == "should_step"
+    if isinstance(expr, ast.BoolOp):
+        return any(_is_boundary_test(v) for v in expr.values)
+    return isinstance(expr, ast.Compare) and any(
+        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(expr)
+    )
+
+
+def _enclosing_blocks(body: list[ast.stmt], node: ast.AST) -> list[tuple[list[ast.stmt], int]]:
+    """The statement lists that hold ``node``, outermost first, with the index in each."""
+    found: list[tuple[list[ast.stmt], int]] = []
+    target = node_start(node)
+    block: list[ast.stmt] | None = body
+    while block:
+        inner: list[ast.stmt] | None = None
+        for index, stmt in enumerate(block):
+            end = (getattr(stmt, "end_lineno", 0) or 0, getattr(stmt, "end_col_offset", 0) or 0)
+            if node_start(stmt) <= target <= end:
+                found.append((block, index))
+                for name in ("body", "orelse", "finalbody", "handlers"):
+                    child = getattr(stmt, name, None)
+                    if isinstance(child, list) and any(
+                        node_start(c)
+                        <= target
+                        <= (getattr(c, "end_lineno", 0) or 0, getattr(c, "end_col_offset", 0) or 0)
+                        for c in child
+                    ):
+                        inner = child
+                        break
+                break
+        if inner is not None and inner and isinstance(inner[0], ast.ExceptHandler):
+            handler = next(
+                h for h in inner if node_start(h) <= target
+            )  # the handler's own body holds it
+            inner = getattr(handler, "body", None)
+        block = inner
+    return found
+
+
 def _is_accumulation_test(test: ast.expr) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
@@ -155,11 +414,11 @@ def is_no_sync(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     exprs: list[ast.AST] = [expr]
     if isinstance(expr, ast.Name):
         exprs += [v for v in facts.lookup(expr.id, scope, node_start(expr)) if v is not None]
-    for item in exprs:
-        for node in ast.walk(item):
-            if isinstance(node, ast.Call) and tail(dotted(node.func)) in _NO_SYNC_CALLS:
-                return True
-    return False
+    if isinstance(expr, ast.Call) and isinstance(
+        expr.func, ast.Name
+    ):  # `ctx = m.no_sync ...; with ctx():`
+        exprs += [v for v in facts.lookup(expr.func.id, scope, node_start(expr)) if v is not None]
+    return any(_syncs(item) for item in exprs)
 
 
 def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:

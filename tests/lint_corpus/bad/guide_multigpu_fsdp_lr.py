@@ -1,6 +1,7 @@
 # Guide: PyTorch Distributed Training: Multi-GPU Guide 2025, "Method 2: Fully Sharded Data
-# Parallel (FSDP)" (shared/seeds/004). Verbatim but for the expect marker: a constant LR
-# in a data-parallel job (the effective batch grows with the node count).
+# Parallel (FSDP)" (shared/seeds/004). Verbatim but for the expect markers: a constant LR
+# in a data-parallel job (the effective batch grows with the node count), and the GPU index
+# taken from the global rank (dist.get_rank() is 4..7 on the second node of 4-GPU nodes).
 import torch
 from torch.distributed.fsdp import (
     FullyShardedDataParallel as FSDP,
@@ -15,7 +16,7 @@ def train_fsdp():
     # Initialize distributed
     dist.init_process_group("nccl")
     rank = dist.get_rank()
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(rank)  # expect: GT018
     
     # Load model
     model = AutoModelForCausalLM.from_pretrained(

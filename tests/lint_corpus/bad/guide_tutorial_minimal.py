@@ -1,7 +1,8 @@
 # Guide: PyTorch Distributed Training Tutorial, "DDP: The Minimal Working Example"
 # (shared/seeds/001). Verbatim but for the expect marker. The same guide's "Common DDP
 # Pitfalls" names the bug it keeps: "Not scaling the learning rate - the same LR as
-# single-GPU training will underfit".
+# single-GPU training will underfit". It also saves on local_rank == 0, which holds once per
+# node: its own multi-node launch (2 nodes x 4 GPUs) has two processes write ckpt_N.pt.
 # train.py — run with: torchrun --nproc_per_node=4 train.py
 import torch
 import torch.distributed as dist
@@ -43,7 +44,7 @@ def main():
         # Only rank 0 saves checkpoints and prints metrics
         if local_rank == 0:
             print(f"Epoch {epoch+1} done")
-            torch.save(model.module.state_dict(), f'ckpt_{epoch}.pt')
+            torch.save(model.module.state_dict(), f'ckpt_{epoch}.pt')  # expect: GT017
 
     dist.destroy_process_group()
 

@@ -1,6 +1,8 @@
 # Idioms of the older Hugging Face example scripts: local_rank -1 means "not distributed",
 # rank 0 downloads first while the others wait at a barrier, the log level silences the
-# other ranks, and evaluation loaders are not sharded.
+# other ranks, and evaluation loaders are not sharded. (Those scripts saved under
+# `local_rank in [-1, 0]`, once per node: that shape is bad/node_local_saves.py; here the
+# save is guarded by the global rank.)
 import logging
 
 import torch
@@ -36,6 +38,6 @@ def main(args):
             optimizer.step()
             optimizer.zero_grad()
         logger.info("epoch %d done", epoch)
-        if args.local_rank in [-1, 0]:
+        if args.local_rank == -1 or torch.distributed.get_rank() == 0:
             model.module.save_pretrained(args.output_dir)
     torch.distributed.destroy_process_group()

@@ -1,0 +1,554 @@
+"""Rank guards: which conditions hold on rank 0 only, on the other ranks, or on some ranks.
+
+A guard is recognised by what it computes, not by its spelling:
+
+* a comparison of a rank-derived value with 0 (``rank == 0``, ``dist.get_rank() != 0``,
+  ``args.local_rank in [-1, 0]``) or a bare rank as a truth value (``not args.rank``);
+* a name bound to such a test (``master_process = ddp_rank == 0``; ``self.is_master = ...``;
+  an attribute assigned such a test anywhere in the project, ``args.is_master = ...``);
+* a call of a function of the project whose body returns such a test
+  (``def is_main_process(): return get_rank() == 0``, however it is named, in whichever
+  module), as :mod:`~gpu_training.diagnostics.lint_project` summarises it.
+
+Only names nobody here can read — attributes of a framework's objects
+(``accelerator.is_main_process``, ``fabric.is_global_zero``) or functions of an installed
+package — fall back to the usual flag names (:data:`_FLAG_NAMES`).
+
+Whether a rank-0 guard reads the *node-local* rank (``local_rank == 0`` holds once per node)
+is :func:`guard_locality`.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+    >>> tree = ast.parse("master = ddp_rank == 0\\nif not master: pass\\n")
+    >>> facts = ModuleFacts(tree)
+    >>> classify_guard(facts, tree.body[1].test, facts.module_scope)
+    'not_rank0'
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import re
+from collections.abc import Iterator
+
+from gpu_training.diagnostics.lint_model import (
+    RANK_CALLS,
+    ModuleFacts,
+    Scope,
+    call_name,
+    dotted,
+    mentions_rank,
+)
+
+__all__ = [
+    "GUARD_NOT_RANK0",
+    "GUARD_RANK0",
+    "GUARD_RANK_DEP",
+    "classify_guard",
+    "guard_locality",
+    "mentions_main_or_rank",
+    "rank_derived",
+    "single_process",
+    "single_rank",
+    "uncached",
+]
+
+GUARD_RANK0 = "rank0"
+"""The condition holds on rank 0 only."""
+GUARD_NOT_RANK0 = "not_rank0"
+"""The condition holds on every rank but 0."""
+GUARD_RANK_DEP = "rank_dep"
+"""The condition holds on some ranks, not all."""
+_SINGLE = "single"  # true on every rank or on none: `not dist.is_initialized()`, `rank == -1`
+
+# Flags of frameworks and installed packages, whose bodies are not in the project.
+_FLAG_NAMES = re.compile(
+    r"^(is_(local_|global_|world_|node_)?(main|master|primary)(_process|_rank|_worker)?"
+    r"|(local_|global_)?(main|master)_process|(is_)?rank_?(0|zero)"
+    r"|is_global_zero|is_world_process_zero|is_local_process_zero|is_last_process)$"
+)
+_SINGLE_PROCESS_ATTRS = frozenset({"is_initialized", "is_distributed", "is_available"})
+_RANK_VALUE = re.compile(r"(^|_)rank$")
+_LOCAL_NAME = re.compile(r"local|node")
+_LOCAL_CALLS = frozenset({"get_local_rank", "get_node_local_rank"})
+
+
+def _tail(name: str | None) -> str:
+    return "" if name is None else name.rsplit(".", 1)[-1]
+
+
+def _start(node: ast.AST) -> tuple[int, int]:
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+
+
+def classify_guard(facts: ModuleFacts, test: ast.expr, scope: Scope) -> str | None:
+    """How a condition depends on the rank.
+
+    Args:
+        facts: The module's facts (with its project, if any).
+        test: The condition.
+        scope: Where it appears.
+
+    Returns:
+        :data:`GUARD_RANK0` (true on rank 0 only), :data:`GUARD_NOT_RANK0`,
+        :data:`GUARD_RANK_DEP` (true on some ranks), or None (rank-independent).
+    """
+    kind = _classify(facts, test, scope, 0)
+    return None if kind == _SINGLE else kind
+
+
+_MISSING = "?"
+_NO_SITES = "no-sites"  # a parameter no caller running distributed passes
+_MAX_ATTRIBUTE_VALUES = 8  # an attribute assigned in more places than this is not a flag
+
+
+def _classify(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: int) -> str | None:
+    if depth > 8:
+        return None
+    cache = facts.guard_cache if not _UNCACHED else _UNCACHED[-1]
+    cached = cache.get(id(test), _MISSING)
+    if cached != _MISSING:
+        return cached
+    cache[id(test)] = None  # a name bound to itself reads as no guard
+    kind = _classify_uncached(facts, test, scope, depth)
+    cache[id(test)] = kind
+    return kind
+
+
+_UNCACHED: list[dict[int, str | None]] = []
+
+
+@contextlib.contextmanager
+def uncached() -> Iterator[None]:
+    """Classify without touching the modules' guard caches: a function summarised in the
+    middle of a walk sees what the walk has learnt so far, which must not outlive it."""
+    _UNCACHED.append({})
+    try:
+        yield
+    finally:
+        _UNCACHED.pop()
+
+
+def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: int) -> str | None:
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _classify(facts, test.operand, scope, depth + 1)
+        if inner == GUARD_RANK0:
+            return GUARD_NOT_RANK0
+        if inner == GUARD_NOT_RANK0:
+            return GUARD_RANK0
+        callee = test.operand.func if isinstance(test.operand, ast.Call) else test.operand
+        last = _tail(dotted(callee))
+        if inner is None and (last in _SINGLE_PROCESS_ATTRS or "distributed" in last.lower()):
+            return _SINGLE  # `not dist.is_initialized()`, `not args.distributed`: no group
+        return inner if inner == GUARD_RANK_DEP else None
+    if isinstance(test, ast.BoolOp):
+        parts = [_classify(facts, v, scope, depth + 1) for v in test.values]
+        if isinstance(test.op, ast.And):
+            for kind in (GUARD_RANK0, GUARD_NOT_RANK0, GUARD_RANK_DEP):
+                if kind in parts:
+                    return kind
+            return None
+        if GUARD_RANK0 in parts and all(p in (GUARD_RANK0, _SINGLE) for p in parts):
+            return GUARD_RANK0  # `not dist.is_initialized() or dist.get_rank() == 0`
+        if any(p in (GUARD_RANK0, GUARD_NOT_RANK0, GUARD_RANK_DEP) for p in parts):
+            return GUARD_RANK_DEP
+        return None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        return _classify_compare(facts, test, scope, depth)
+    if isinstance(test, ast.IfExp):  # `is_local(a) if local else is_global(a)`: both rank 0
+        body = _classify(facts, test.body, scope, depth + 1)
+        return body if body == _classify(facts, test.orelse, scope, depth + 1) else None
+    if isinstance(test, ast.Call):
+        return _classify_call(facts, test)
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        return _classify_flag(facts, test, scope, depth)
+    return None
+
+
+def _classify_call(facts: ModuleFacts, call: ast.Call) -> str | None:
+    summaries = facts.summaries(call)
+    if summaries:  # the project's own function: its body says what it computes
+        if all(s.rank0 for s in summaries):
+            return GUARD_RANK0
+        if all(s.rank_value for s in summaries):
+            return GUARD_NOT_RANK0  # `if get_rank():` - true on the ranks other than 0
+        return None
+    last = _tail(call_name(call, facts.imports))
+    if last in RANK_CALLS:
+        return GUARD_NOT_RANK0
+    if _FLAG_NAMES.match(last.lower()):
+        return GUARD_RANK0
+    return None
+
+
+def _classify_flag(
+    facts: ModuleFacts, test: ast.Name | ast.Attribute, scope: Scope, depth: int
+) -> str | None:
+    key = dotted(test)
+    if key is None:  # `PartialState().is_last_process`: a framework's flag on a fresh object
+        flag = isinstance(test, ast.Attribute) and _FLAG_NAMES.match(test.attr.lower())
+        return GUARD_RANK0 if flag else None
+    every = facts.lookup_all(key, scope)
+    if any(_is_none(v) for v in every if v is not None):
+        # `saver = None` ... `if is_primary(args): saver = Saver(...)`: set on rank 0 only
+        under = facts.assigned_under.get((facts.binding_owner(key, scope), key))
+        if under == {True}:
+            return GUARD_RANK0
+    values = [v for v in facts.lookup(key, scope, _start(test)) if v is not None]
+    if not values and isinstance(test, ast.Name):
+        passed = _passed_flag(facts, test.id, scope, depth)
+        if passed not in (None, _NO_SITES):
+            return passed  # `if verbose:` where every caller passes verbose=is_primary(args)
+    kinds = {_classify_value(facts, v, scope, depth) for v in values}
+    attribute = isinstance(test, ast.Attribute) and not key.startswith("self.")
+    if not values and attribute and facts.resolver is not None:
+        # `args.is_master = args.rank == 0` in another function or module of the project
+        assigned = facts.resolver.attribute_values(test.attr)  # type: ignore[union-attr]
+        if len(assigned) <= _MAX_ATTRIBUTE_VALUES:
+            kinds = {_classify_value(owner, v, where, depth) for owner, where, v in assigned}
+            values = [v for _, _, v in assigned]
+    if values and len(kinds) == 1 and None not in kinds:
+        return kinds.pop()
+    last = _tail(key).lower()
+    if _FLAG_NAMES.match(last):
+        return GUARD_RANK0
+    if _RANK_VALUE.search(last) and not values:
+        return GUARD_NOT_RANK0  # `if args.rank:` - a rank as a truth value
+    if values and _RANK_VALUE.search(last) and all(rank_derived(facts, v, scope) for v in values):
+        return GUARD_NOT_RANK0
+    return None
+
+
+def _passed_flag(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> str | None:
+    """A parameter used as a test, when every call (in its file or another linted file)
+    passes it the same kind of rank test."""
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > 4:
+        return None
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    keywords = {a.arg for a in func.args.kwonlyargs}
+    if name not in params and name not in keywords:
+        return None
+    key = ("passed-flag", id(func), name)
+    if key in facts.memo:
+        return facts.memo[key]  # type: ignore[return-value]
+    facts.memo[key] = None
+    index = (
+        params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
+        if name in params
+        else -1
+    )
+    sites = [(facts, call, where) for call, where in facts.calls_of(func)]
+    if facts.resolver is not None:  # callers that run on every rank (not validate.py)
+        resolver = facts.resolver
+        sites += [s for s in resolver.incoming((facts, func)) if resolver.runs_distributed(s[0])]
+    kinds: set[str | None] = set()
+    for owner, call, where in sites:
+        value = next((k.value for k in call.keywords if k.arg == name), None)
+        if value is None and 0 <= index < len(call.args):
+            value = call.args[index]
+        if value is None or isinstance(value, ast.Starred):
+            kinds.add(None)  # the default, or unknown
+            continue
+        if isinstance(value, ast.Name) and owner.lookup(value.id, where, _start(value)) == [None]:
+            # passed on from a parameter of the caller, whose own callers decide
+            inner = _passed_flag(owner, value.id, where, depth + 1)
+            if inner == _NO_SITES:
+                continue  # nobody running distributed calls the caller
+            kinds.add(inner)
+            continue
+        kinds.add(_classify(owner, value, where, depth + 1))
+    result = _NO_SITES if not kinds else (kinds.pop() if len(kinds) == 1 else None)
+    facts.memo[key] = result
+    return result
+
+
+def _classify_value(facts: ModuleFacts, value: ast.expr, scope: Scope, depth: int) -> str | None:
+    """How the value bound to a flag depends on the rank (`x if rank == 0 else None`: rank 0)."""
+    if isinstance(value, ast.IfExp):
+        test = _classify(facts, value.test, scope, depth + 1)
+        if test in (GUARD_RANK0, GUARD_NOT_RANK0) and _is_none(value.orelse):
+            return test  # the object exists where the test holds
+        if test in (GUARD_RANK0, GUARD_NOT_RANK0) and _is_none(value.body):
+            return GUARD_NOT_RANK0 if test == GUARD_RANK0 else GUARD_RANK0
+        return None
+    if isinstance(value, ast.Name) and depth > 6:
+        return None
+    return _classify(facts, value, scope, depth + 1)
+
+
+def _is_none(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value is None
+
+
+def _classify_compare(
+    facts: ModuleFacts, test: ast.Compare, scope: Scope, depth: int
+) -> str | None:
+    left, op, right = test.left, test.ops[0], test.comparators[0]
+    if (
+        _is_none(right)
+        and isinstance(op, (ast.IsNot, ast.Is))
+        and not mentions_rank(left, facts.imports)
+    ):
+        # `writer is not None` where `writer = SummaryWriter() if rank == 0 else None`
+        inner = _classify(facts, left, scope, depth + 1)
+        if inner in (GUARD_RANK0, GUARD_NOT_RANK0) and isinstance(op, ast.Is):
+            return GUARD_NOT_RANK0 if inner == GUARD_RANK0 else GUARD_RANK0
+        return inner if inner in (GUARD_RANK0, GUARD_NOT_RANK0) else None
+    if rank_derived(facts, right, scope) and not rank_derived(facts, left, scope):
+        left, right = right, left
+        flipped = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}
+        op = flipped.get(type(op), op)
+    sentinel = _is_none(right)
+    if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub):
+        sentinel = isinstance(right.operand, ast.Constant)  # rank == -1
+    if sentinel:
+        # `rank == -1` / `rank is None`: "not launched distributed" (true on every rank or
+        # none); `!= -1`: "launched distributed".
+        single = isinstance(op, (ast.Eq, ast.Is))
+        return _SINGLE if single and rank_derived(facts, left, scope) else None
+    if not rank_derived(facts, left, scope):
+        sizes = dotted(left) or ""
+        if "world_size" in sizes.lower() and isinstance(right, ast.Constant):
+            return _SINGLE  # `world_size == 1`
+        return None
+    if isinstance(right, ast.Constant) and right.value == 0 and right.value is not False:
+        if isinstance(op, (ast.Eq, ast.Is, ast.LtE)):
+            return GUARD_RANK0
+        if isinstance(op, (ast.NotEq, ast.IsNot, ast.Gt)):
+            return GUARD_NOT_RANK0
+    if isinstance(right, ast.Constant) and right.value == 1 and isinstance(op, (ast.Lt, ast.GtE)):
+        return GUARD_RANK0 if isinstance(op, ast.Lt) else GUARD_NOT_RANK0
+    if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List)):
+        values = [e.value for e in right.elts if isinstance(e, ast.Constant)]
+        if values == [0]:
+            return GUARD_RANK0 if isinstance(op, ast.In) else GUARD_NOT_RANK0
+    return GUARD_RANK_DEP
+
+
+def single_process(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
+    """A test true only without a process group: ``not dist.is_initialized()``,
+    ``not args.distributed``, ``world_size == 1``, ``local_rank == -1``.
+
+    Example:
+        >>> import ast
+        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> facts = ModuleFacts(ast.parse(""))
+        >>> single_process(facts, ast.parse("not args.distributed", mode="eval").body,
+        ...                facts.module_scope)
+        True
+    """
+    return _classify(facts, test, scope, 0) == _SINGLE
+
+
+def single_rank(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
+    """``rank == 1``: a test true on exactly one rank (not 0), as RPC scripts pick roles.
+
+    Example:
+        >>> import ast
+        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> facts = ModuleFacts(ast.parse(""))
+        >>> single_rank(facts, ast.parse("rank == 1", mode="eval").body, facts.module_scope)
+        True
+    """
+    if not (
+        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+    ):
+        return False
+    left, right = test.left, test.comparators[0]
+    if isinstance(left, ast.Constant):
+        left, right = right, left
+    return (
+        isinstance(right, ast.Constant)
+        and isinstance(right.value, int)
+        and not isinstance(right.value, bool)
+        and right.value > 0
+        and rank_derived(facts, left, scope)
+    )
+
+
+def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0) -> bool:
+    """Whether an expression's value is a rank: a name that says so (``args.local_rank``),
+    ``get_rank()``, ``int(os.environ["RANK"])``, arithmetic on one (``rank % ngpus``), a name
+    bound to one (``gpu = int(os.environ["LOCAL_RANK"])``), a parameter every caller in the
+    file passes a rank to, or a function of the project that returns one. A call that merely
+    takes the rank as an argument (``validate(model, rank)``) is not.
+
+    Example:
+        >>> import ast
+        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> tree = ast.parse("g = dist.get_rank()\\nv = evaluate(model, g)\\ng\\nv\\n")
+        >>> facts = ModuleFacts(tree)
+        >>> [rank_derived(facts, s.value, facts.module_scope) for s in tree.body[2:]]
+        [True, False]
+    """
+    if depth > 4:
+        return False
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        name = _tail(dotted(expr)).lower()
+        if "rank" in name and not _FLAG_NAMES.match(name):
+            return True
+        key = dotted(expr)
+        if key is None or (isinstance(expr, ast.Attribute) and not key.startswith("self.")):
+            return False
+        values = facts.lookup(key, scope, _start(expr))
+        if values == [None] and isinstance(expr, ast.Name):
+            return _parameter_gets_rank(facts, expr.id, scope, depth)
+        own = key.startswith("self.")  # a value of `self.x = ...` lives in its method
+        return any(
+            v is not None
+            and not isinstance(v, ast.Compare)
+            and rank_derived(facts, v, facts.scope_containing(v) if own else scope, depth + 1)
+            for v in values
+        )
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, str) and mentions_rank(expr, facts.imports)
+    if isinstance(expr, ast.Subscript):
+        index = expr.slice
+        if isinstance(index, ast.Constant) and isinstance(index.value, str):
+            return mentions_rank(index, facts.imports) or "rank" in index.value.lower()
+        return rank_derived(facts, expr.value, scope, depth + 1)
+    if isinstance(expr, ast.Call):
+        last = _tail(call_name(expr, facts.imports))
+        if last in RANK_CALLS:
+            return True
+        summaries = facts.summaries(expr)
+        if summaries:
+            return any(s.rank_value for s in summaries)
+        if last in ("int", "str", "float", "get", "getenv", "item", "device", "format"):
+            parts = list(expr.args)
+            if isinstance(expr.func, ast.Attribute):
+                parts.append(expr.func.value)  # `os.environ.get("RANK")`, `t.item()`
+            return any(rank_derived(facts, a, scope, depth + 1) for a in parts)
+        return False
+    if isinstance(expr, ast.BinOp):
+        return rank_derived(facts, expr.left, scope, depth + 1) or rank_derived(
+            facts, expr.right, scope, depth + 1
+        )
+    if isinstance(expr, ast.UnaryOp):
+        return rank_derived(facts, expr.operand, scope, depth + 1)
+    if isinstance(expr, ast.IfExp):
+        return rank_derived(facts, expr.body, scope, depth + 1) or rank_derived(
+            facts, expr.orelse, scope, depth + 1
+        )
+    if isinstance(expr, ast.JoinedStr):
+        return any(
+            isinstance(v, ast.FormattedValue) and rank_derived(facts, v.value, scope, depth + 1)
+            for v in expr.values
+        )
+    return False
+
+
+def _parameter_gets_rank(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> bool:
+    """A parameter is a rank when every call of its function in the file passes one
+    (``Trainer(model, data, rank)`` into ``__init__(self, model, data, gpu_id)``)."""
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    key = ("parameter-rank", id(func), name)
+    cached = facts.memo.get(key)
+    if cached is None:
+        facts.memo[key] = False  # recursion: a parameter passed to itself is not a rank
+        cached = facts.memo[key] = _passed_ranks(facts, func, name, depth)
+    return bool(cached)
+
+
+def _passed_ranks(
+    facts: ModuleFacts, func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, depth: int
+) -> bool:
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    if name not in params:
+        return False
+    index = params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
+    passed: list[tuple[ast.expr, Scope]] = []
+    for sub, where in facts.calls_of(func):
+        value = next((k.value for k in sub.keywords if k.arg == name), None)
+        if value is None and 0 <= index < len(sub.args):
+            value = sub.args[index]
+        if value is not None and not isinstance(value, ast.Starred):
+            passed.append((value, where))
+    return bool(passed) and all(rank_derived(facts, v, w, depth + 1) for v, w in passed)
+
+
+def mentions_main_or_rank(facts: ModuleFacts, expr: ast.AST) -> bool:
+    """Whether ``expr`` reads a rank or a main-process flag (``ctx.is_main_process``)."""
+    if mentions_rank(expr, facts.imports):
+        return True
+    for node in ast.walk(expr):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            if _FLAG_NAMES.match(_tail(dotted(node)).lower()) is not None:
+                return True
+        elif isinstance(node, ast.Call) and any(s.rank0 for s in facts.summaries(node)):
+            return True
+    return False
+
+
+def guard_locality(facts: ModuleFacts, test: ast.AST, scope: Scope, depth: int = 0) -> str | None:
+    """Which rank a guard reads: ``"local"`` (the rank within the node: ``local_rank == 0``
+    holds once per node), ``"global"``, or None (no rank).
+
+    A test that reads both (``rank == 0 and local_rank == 0``) is global.
+
+    Example:
+        >>> import ast
+        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> tree = ast.parse("gpu = int(os.environ['LOCAL_RANK'])\\nif gpu == 0: pass\\n")
+        >>> facts = ModuleFacts(tree)
+        >>> guard_locality(facts, tree.body[1].test, facts.module_scope)
+        'local'
+    """
+    if depth > 4:
+        return None
+    found: set[str] = set()
+    modulo = {
+        id(sub)
+        for node in ast.walk(test)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
+        for sub in ast.walk(node.left)
+    }
+    for node in ast.walk(test):
+        where = _leaf_locality(facts, node, scope, depth)
+        if where == "global" and id(node) in modulo:
+            where = "local"  # `rank % ngpus_per_node`: the index within the node
+        if where is not None:
+            found.add(where)
+    if "global" in found:
+        return "global"
+    return "local" if found else None
+
+
+def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) -> str | None:
+    if isinstance(node, ast.Constant):
+        if node.value in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+            return "local"
+        if node.value in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+            return "global"
+        return None
+    if isinstance(node, ast.Call):
+        summaries = facts.summaries(node)
+        if summaries:
+            kinds = {("local" if s.local else "global") for s in summaries if s.rank0}
+            kinds |= {s.rank_value for s in summaries if s.rank_value}
+            return "global" if "global" in kinds else ("local" if kinds else None)
+        last = _tail(call_name(node, facts.imports))
+        if last in _LOCAL_CALLS:
+            return "local"
+        return "global" if last in RANK_CALLS else None
+    if not isinstance(node, (ast.Name, ast.Attribute)):
+        return None
+    name = _tail(dotted(node)).lower()
+    if not name:
+        return None
+    is_rankish = "rank" in name or _FLAG_NAMES.match(name) is not None
+    if is_rankish and _LOCAL_NAME.search(name):
+        return "local"
+    key = dotted(node)
+    if key is not None and (isinstance(node, ast.Name) or key.startswith("self.")):
+        values = [v for v in facts.lookup(key, scope, _start(node)) if v is not None]
+        if values:
+            inner = {guard_locality(facts, v, scope, depth + 1) for v in values} - {None}
+            if inner:
+                return "global" if "global" in inner else "local"
+    return "global" if is_rankish else None

@@ -1,0 +1,111 @@
+"""Run every check of ``gpu-training lint`` over the files of one project, together.
+
+Files imported by a distributed script run in its processes, so they inherit what it sets up
+(the process group, a ``print`` replaced on the other ranks, a DDP model); the call sites one
+file has into another's functions decide those functions' contexts (a helper called only
+under a rank-0 guard in ``main.py`` is rank-0 code in ``utils.py``). So the files are walked
+in rounds: each settles its own functions, the call sites it found into the others are handed
+over, and only then does each report.
+
+Example:
+    >>> import ast
+    >>> source = "import torch\\nmodel = torch.nn.DataParallel(model)\\nloss.backward()\\n"
+    >>> [(f.code, f.line) for f in check_tree(ast.parse(source))]
+    [('GT001', 2)]
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint_checks import FileChecker
+from gpu_training.diagnostics.lint_context import Ctx, RawFinding
+from gpu_training.diagnostics.lint_project import Project
+
+__all__ = ["RawFinding", "check_project", "check_tree"]
+
+
+def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
+    """Every rule's findings in every linted file of a project.
+
+    Files imported by a distributed script run in its processes, so they inherit what it
+    sets up (the process group, a print replaced on the other ranks, a DDP model); the call
+    sites one file has into another's functions decide those functions' contexts.
+
+    Args:
+        project: The project, with every file to lint added.
+
+    Returns:
+        Path → its findings, sorted by position (before ``# noqa`` and ``--select``), or a
+        one-line reason when the file could not be analysed (nested too deeply).
+    """
+    failed: dict[str, str] = {}
+    checkers: dict[str, FileChecker] = {}
+    for path, facts in project.linted.items():
+        try:
+            checkers[path] = FileChecker(facts, project)
+        except RecursionError:
+            failed[path] = "nested too deeply to analyse"
+    importers = {
+        path: [checkers[f.path] for f in project.importers_of(c.facts) if f.path in checkers]
+        for path, c in checkers.items()
+    }
+    changed = True
+    while changed:
+        changed = False
+        for path, checker in checkers.items():
+            for importer in importers[path]:
+                changed = checker.inherit(importer) or changed
+
+    project.set_distributed({path for path, c in checkers.items() if c.distributed})
+
+    def guarded(step: str) -> None:
+        for path, checker in list(checkers.items()):
+            try:
+                getattr(checker, step)()
+            except RecursionError:
+                failed[path] = "nested too deeply to analyse"
+                del checkers[path]
+
+    guarded("rebuild_ranks")
+    guarded("settle")
+    for _ in range(2):  # call sites across files settle the callees' contexts
+        incoming: dict[str, dict[int, list[tuple[Ctx, bool]]]] = {p: {} for p in checkers}
+        for checker in checkers.values():
+            for (facts, func), ctx, every_rank in checker.outgoing:
+                if facts.path in incoming:
+                    incoming[facts.path].setdefault(id(func), []).append((ctx, every_rank))
+        for path, checker in checkers.items():
+            checker.external_sites = incoming[path]
+            seeds = {
+                func
+                for func in checker.facts.scopes
+                if any(every for _, every in incoming[path].get(id(func), []))
+            }
+            if seeds - checker.seeds:
+                checker.seeds |= seeds
+                checker.rebuild_ranks()
+        guarded("settle")
+    results: dict[str, list[RawFinding] | str] = dict(failed)
+    for path, checker in checkers.items():
+        try:
+            results[path] = checker.report()
+        except RecursionError:
+            results[path] = "nested too deeply to analyse"
+    return results
+
+
+def check_tree(tree: ast.Module, path: str = "<string>") -> list[RawFinding]:
+    """Every rule's findings in one parsed module, alone.
+
+    Args:
+        tree: ``ast.parse`` of the file.
+        path: Its path (imports of the project's modules next to it are followed).
+
+    Returns:
+        The findings (before ``# noqa`` and ``--select`` filtering).
+    """
+    project = Project()
+    project.add(path, tree)
+    found = check_project(project)[path]
+    return [] if isinstance(found, str) else found

@@ -1,0 +1,371 @@
+"""The set-up rules of ``gpu-training lint``: how the model, the data, the optimizer and the
+device are built, one call at a time.
+
+Each rule here looks at one call and what its arguments are bound to, wherever the call is:
+
+* ``GT001`` ``torch.nn.DataParallel`` in a script that trains;
+* ``GT003`` a training ``DataLoader`` of a distributed script with no distributed sampler,
+  ``GT004`` ``shuffle=True`` beside a sampler;
+* ``GT006`` saving the DDP wrapper's ``state_dict()``;
+* ``GT010`` a literal learning rate (hygiene);
+* ``GT002`` a fixed ``cuda:N`` (and the bare ``cuda`` devices the whole-file check needs),
+  ``GT018`` a GPU index taken from the global rank.
+
+A sampler counts as distributed when any of its bindings is one (chosen in an ``if/else``),
+when it comes from a helper of the project that returns one, or when it is not a known local
+sampler (a project's own ``RASampler``); arguments hidden behind ``**kwargs`` are not guessed.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+    >>> tree = ast.parse("rank = int(os.environ['RANK'])\\ntorch.cuda.set_device(rank)\\n")
+    >>> facts = ModuleFacts(tree)
+    >>> global_rank_source(facts, tree.body[1].value.args[0], facts.module_scope)
+    "rank = int(os.environ['RANK']) (line 1)"
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+
+from gpu_training.diagnostics.lint_calls import call_arg, is_const, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint_model import ModuleFacts, Scope, call_name, dotted
+
+__all__ = ["SetupRules", "global_rank_source"]
+
+Report = Callable[[ast.AST, str, str], None]
+"""``report(node, code, detail)``."""
+
+_OPTIMIZERS = frozenset(
+    {
+        "SGD",
+        "Adam",
+        "AdamW",
+        "RMSprop",
+        "Adagrad",
+        "Adadelta",
+        "Adamax",
+        "NAdam",
+        "RAdam",
+        "SparseAdam",
+        "LBFGS",
+        "Lion",
+        "Adafactor",
+    }
+)
+_EVAL_NAME = re.compile(r"val|eval|test|dev", re.I)
+_CUDA_INDEX = re.compile(r"^cuda:\d+$")
+_GLOBAL_RANK_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+
+
+class SetupRules:
+    """The set-up rules for one file.
+
+    Args:
+        facts: The file's facts.
+        calls: Every call of the file.
+        report: Where findings go.
+        dist_setup: The file sets up distributed data parallelism itself (``GT003``).
+        data_parallel: The file wraps a model or shards data (``GT010``).
+        distributed: The file runs under a process group (``GT002``, ``GT018``).
+        trains: The file (or a helper it calls) runs a training step (``GT001`` is not
+            reported in a file that only evaluates under ``torch.no_grad()``).
+    """
+
+    def __init__(
+        self,
+        facts: ModuleFacts,
+        calls: list[ast.Call],
+        report: Report,
+        *,
+        dist_setup: bool,
+        data_parallel: bool,
+        distributed: bool,
+        trains: bool,
+    ) -> None:
+        self.facts = facts
+        self.calls = calls
+        self.report = report
+        self.dist_setup = dist_setup
+        self.data_parallel = data_parallel
+        self.distributed = distributed
+        self.trains = trains
+        self.default_cuda: list[tuple[ast.AST, str]] = []
+        """Bare ``.cuda()`` and ``'cuda'`` devices, for ``GT002`` without ``set_device``."""
+        self._targets: dict[int, str | None] | None = None
+
+    def check(self, call: ast.Call, scope: Scope) -> None:
+        """Run every set-up rule on one call."""
+        name = call_name(call, self.facts.imports)
+        last = tail(name)
+        method = call.func.attr if isinstance(call.func, ast.Attribute) else None
+        is_dp = last == "DataParallel" and (name == last or "torch" in name or "nn." in name)
+        if is_dp and not self._evaluates_only():
+            self.report(call, "GT001", "one process, one thread per GPU")
+        if last == "DataLoader":
+            self._data_loader(call, scope)
+        if name == "torch.save" or last == "save_file":
+            self._saved_wrapper(call, scope)
+        else:
+            for summary in self.facts.summaries(call):  # save_checkpoint({...}, filename)
+                index = summary.saves_argument
+                if index is not None and index < len(call.args):
+                    self._saved_object(call.args[index], scope)
+                    break
+        if self.data_parallel:
+            self._optimizer_lr(call, name, last, scope)
+        if self.distributed:
+            self._cuda_device(call, last, method)
+            self._device_from_rank(call, name, last, method, scope)
+
+    def _evaluates_only(self) -> bool:
+        """No training step anywhere, and the file runs under ``torch.no_grad()`` (or
+        ``inference_mode()``): DataParallel for inference has no gradients to reduce."""
+        if self.trains:
+            return False
+        return any(
+            tail(call_name(c, self.facts.imports)) in ("no_grad", "inference_mode")
+            for c in self.calls
+        )
+
+    # --- data -----------------------------------------------------------------------------
+
+    def _data_loader(self, call: ast.Call, scope: Scope) -> None:
+        sampler = call_arg(call, 3, "sampler")
+        batch_sampler = call_arg(call, 4, "batch_sampler")
+        given = [s for s in (sampler, batch_sampler) if s is not None and not is_const(s, None)]
+        shuffle = call_arg(call, 2, "shuffle")
+        if given and is_const(shuffle, True):
+            assert shuffle is not None
+            self.report(shuffle, "GT004", "shuffle=True and a sampler")
+        if not self.dist_setup or self._is_eval_loader(call):
+            return
+        if any(k.arg is None for k in call.keywords) or any(
+            isinstance(a, ast.Starred) for a in call.args
+        ):
+            return  # `DataLoader(dataset, **loader_kwargs)`: the sampler may be in there
+        for expr in given:
+            kinds = self._all_kinds(expr, scope)
+            if "local_sampler" in kinds and "dist_sampler" not in kinds:
+                what = ast.unparse(expr)
+                self.report(expr, "GT003", f"sampler {what} is a local sampler on every path")
+        if not given and not self._dataset_shards_itself(call, scope):
+            self.report(call, "GT003", "no sampler= nor batch_sampler= in a distributed script")
+
+    def _all_kinds(self, expr: ast.expr, scope: Scope) -> frozenset[str]:
+        """Kinds over every binding of a name (each branch of an ``if/else``)."""
+        key = dotted(expr)
+        if key is None:
+            return self.facts.kinds(expr, scope)
+        values = self.facts.lookup_all(key, scope)
+        if not values:
+            return self.facts.kinds(expr, scope)
+        found: frozenset[str] = frozenset()
+        for value in values:
+            kinds = self.facts.kinds(value, scope) if value is not None else frozenset()
+            found |= kinds if kinds else {"unknown"}
+        return found
+
+    def _dataset_shards_itself(self, call: ast.Call, scope: Scope) -> bool:
+        """An ``IterableDataset`` (or a stream) has no sampler; it shards itself, or not."""
+        dataset = call_arg(call, 0, "dataset")
+        if dataset is None:
+            return False
+        values = [dataset]
+        if isinstance(dataset, ast.Name):
+            values += [v for v in self.facts.lookup_all(dataset.id, scope) if v is not None]
+        text = " ".join(ast.unparse(v).lower() for v in values)
+        # built with the rank (it shards itself), or an IterableDataset (no sampler possible)
+        return any(word in text for word in ("rank", "world_size", "num_replicas", "iterable"))
+
+    def _is_eval_loader(self, call: ast.Call) -> bool:
+        dataset = keyword_arg(call, "dataset")
+        names = [dotted(call.args[0]) if call.args else None]
+        names.append(dotted(dataset) if dataset is not None else None)
+        parent = self._assign_target(call)
+        names.append(parent)
+        if any(n is not None and _EVAL_NAME.search(tail(n)) for n in names):
+            return True
+        # Handed to accelerate's prepare() or Fabric's setup_dataloaders(), which shard it.
+        return any(
+            isinstance(c.func, ast.Attribute)
+            and c.func.attr.startswith(("prepare", "setup_dataloader"))
+            and any(a is call or (parent is not None and dotted(a) == parent) for a in c.args)
+            for c in self.calls
+        )
+
+    def _assign_target(self, call: ast.Call) -> str | None:
+        if self._targets is None:
+            self._targets = {}
+            for node in ast.walk(self.facts.tree):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                    target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                    self._targets[id(node.value)] = dotted(target)
+        return self._targets.get(id(call))
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def _saved_wrapper(self, call: ast.Call, scope: Scope) -> None:
+        is_save = tail(call_name(call, self.facts.imports)) == "save"
+        obj = call_arg(call, 0, "obj") if is_save else None
+        obj = obj if obj is not None else call_arg(call, 0, "tensors")
+        if obj is not None:
+            self._saved_object(obj, scope)
+
+    def _saved_object(self, obj: ast.expr, scope: Scope) -> None:
+        """``GT006``: what ``torch.save`` (or a project helper that calls it) is given."""
+        if isinstance(obj, ast.Starred):
+            return
+        if self._is_wrapper(obj, scope):
+            self.report(obj, "GT006", "the wrapper itself is pickled")
+            return
+        exprs: list[ast.AST] = [obj]
+        if isinstance(obj, ast.Name):  # state = {...}; torch.save(state, path)
+            lookup = self.facts.lookup(obj.id, scope, node_start(obj))
+            exprs += [v for v in lookup if v is not None]
+        for expr in exprs:
+            for node in ast.walk(expr):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "state_dict"
+                    and self._is_wrapper(node.func.value, scope)
+                ):
+                    wrapper = ast.unparse(node.func.value)
+                    self.report(node, "GT006", f"{wrapper} is the DDP wrapper")
+
+    def _is_wrapper(self, expr: ast.expr, scope: Scope) -> bool:
+        """The DDP (or DataParallel) wrapper: by its last binding, or by any binding of the
+        function when the name is wrapped on one path (``if args.distributed: model =
+        DDP(model)``) and not unwrapped (``model = model.module``) before this use."""
+        if self.facts.kinds(expr, scope) & {"ddp", "dp"}:
+            return True
+        key = dotted(expr)
+        if key is None or not isinstance(expr, ast.Name):
+            return False
+        last = [v for v in self.facts.lookup(key, scope, node_start(expr)) if v is not None]
+        if any(isinstance(v, ast.Attribute) and v.attr == "module" for v in last):
+            return False
+        return any(
+            v is not None and self.facts.kinds(v, scope) & {"ddp", "dp"}
+            for v in self.facts.lookup_all(key, scope)
+        )
+
+    # --- optimizer ------------------------------------------------------------------------
+
+    def _optimizer_lr(self, call: ast.Call, name: str, last: str, scope: Scope) -> None:
+        is_optimizer = (
+            name.startswith("torch.optim.") and "lr_scheduler" not in name and last[:1].isupper()
+        ) or (last in _OPTIMIZERS and (name == last or name.split(".")[0] in ("optim", "torch")))
+        if not is_optimizer:
+            return
+        lr = call_arg(call, 1, "lr")
+        if lr is None:
+            self.report(call, "GT010", "the default lr")
+        elif self.facts.kinds(lr, scope) == {"number"}:
+            self.report(lr, "GT010", ast.unparse(lr))
+
+    # --- devices --------------------------------------------------------------------------
+
+    def _cuda_device(self, call: ast.Call, last: str, method: str | None) -> None:
+        if method == "cuda" and not call.args and not call.keywords:
+            self.default_cuda.append((call, ".cuda()"))
+        candidates: list[ast.expr] = []
+        if (method or last) in ("device", "to", "load", "cuda"):
+            candidates += [a for a in call.args if isinstance(a, ast.Constant)]
+        candidates += [
+            k.value for k in call.keywords if k.arg in ("device", "map_location", "device_type")
+        ]
+        for value in candidates:
+            if not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
+                continue
+            if _CUDA_INDEX.match(value.value):
+                self.report(value, "GT002", f"'{value.value}' is the same GPU on every rank")
+            elif value.value == "cuda" and not (
+                last == "autocast" or keyword_arg(call, "device_type") is value
+            ):
+                self.default_cuda.append((value, "'cuda'"))
+
+    def _device_from_rank(
+        self, call: ast.Call, name: str, last: str, method: str | None, scope: Scope
+    ) -> None:
+        indices: list[ast.expr] = []
+        if (last == "set_device" and "cuda" in name) or last == "set_device_index":
+            indices += call.args[:1]
+        elif method in ("to", "cuda") and call.args:
+            indices.append(call.args[0])
+        elif last == "device" and len(call.args) == 2:
+            indices.append(call.args[1])  # torch.device("cuda", rank)
+        elif last in ("DistributedDataParallel", "DDP"):
+            ids = keyword_arg(call, "device_ids")
+            if isinstance(ids, (ast.List, ast.Tuple)):
+                indices += ids.elts
+            output = keyword_arg(call, "output_device")
+            indices += [output] if output is not None else []
+        for index in indices:
+            if isinstance(index, ast.JoinedStr):  # f"cuda:{rank}"
+                index = next(
+                    (v.value for v in index.values if isinstance(v, ast.FormattedValue)), index
+                )
+            evidence = global_rank_source(self.facts, index, scope)
+            if evidence is not None:
+                self.report(index, "GT018", evidence)
+
+
+def global_rank_source(
+    facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int = 0
+) -> str | None:
+    """Where an expression takes the *global* rank from, if it plainly does.
+
+    ``dist.get_rank()``, ``int(os.environ["RANK"])``, a project helper returning
+    ``dist.get_rank()``, or a name bound only to one of those. A parameter named ``rank``
+    proves nothing (``mp.spawn`` passes the local index), nor does ``rank % device_count()``.
+
+    Args:
+        facts: The file's facts.
+        expr: The expression used as a device index.
+        scope: Where it appears.
+        depth: Recursion guard.
+
+    Returns:
+        The evidence (``"rank = int(os.environ['RANK']) (line 3)"``), or None.
+    """
+    if depth > 4:
+        return None
+    if isinstance(expr, ast.Call):
+        last = tail(call_name(expr, facts.imports))
+        if last == "int" and expr.args:
+            return global_rank_source(facts, expr.args[0], scope, depth + 1)
+        if last == "get_rank" and not facts.callees(expr):
+            return f"{ast.unparse(expr)} is the global rank"
+        if any(s.rank_value == "global" for s in facts.summaries(expr)):
+            return f"{ast.unparse(expr)} returns the global rank"
+        if last in ("get", "getenv") and expr.args:
+            return _env_rank(expr.args[0], expr)
+        return None
+    if isinstance(expr, ast.Subscript):
+        base = facts.imports.resolve(dotted(expr.value))
+        if base == "os.environ":
+            return _env_rank(expr.slice, expr)
+        return None
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        key = dotted(expr)
+        if key is None:
+            return None
+        values = facts.lookup_all(key, scope)
+        if not values or any(v is None for v in values):
+            return None
+        sources = [global_rank_source(facts, v, scope, depth + 1) for v in values if v is not None]
+        if sources and all(sources):
+            value = values[-1]
+            assert value is not None
+            return f"{key} = {ast.unparse(value)} (line {value.lineno})"
+    return None
+
+
+def _env_rank(key: ast.expr, expr: ast.expr) -> str | None:
+    if isinstance(key, ast.Constant) and key.value in _GLOBAL_RANK_ENV:
+        return f"{ast.unparse(expr)} is the global rank"
+    return None

@@ -1,0 +1,92 @@
+"""What a function of the project does, and how a module asks: the interface between a
+module's facts (:mod:`~gpu_training.diagnostics.lint_model`) and its project
+(:mod:`~gpu_training.diagnostics.lint_project`).
+
+Data only: :class:`Summary` is filled by the project, :class:`Resolver` is the project as a
+module sees it.
+
+Example:
+    >>> Summary(where="is_main() (utils.py:3)", rank0=True).rank0
+    True
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint_model import ModuleFacts, Scope
+
+__all__ = ["FuncRef", "Resolver", "Summary"]
+
+_Func = ast.FunctionDef | ast.AsyncFunctionDef
+FuncRef = tuple["ModuleFacts", _Func]
+"""A function and the module it is defined in."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a function does, as far as the project's own code shows.
+
+    Computed by :mod:`~gpu_training.diagnostics.lint_project`, through the functions it calls
+    (in its file or in another module of the project).
+
+    Attributes:
+        where: ``name() (file:line)``, for the evidence of a finding.
+        rank0: It returns a test true on rank 0 only (``return get_rank() == 0``).
+        local: That test reads the node-local rank (``return args.local_rank == 0``).
+        rank_value: It returns a rank: ``"global"`` (``dist.get_rank()``), ``"local"``.
+        silences_print: It replaces ``builtins.print`` (or ``sys.stdout``), as DeiT's
+            ``setup_for_distributed(is_master)`` does on the ranks other than 0.
+        rank_logging: It chooses log handlers or levels by rank (Swin's ``create_logger``).
+        creates_group: Where it creates the process group (``init_process_group (x.py:9)``).
+        destroys_group: It destroys the process group.
+        sets_device: It calls ``torch.cuda.set_device``.
+        collective: The collective it runs, as reported (``all_reduce (x.py:12)``).
+        saves_argument: The position of the argument it hands to ``torch.save`` (``def
+            save_checkpoint(state, filename): torch.save(state, filename)`` → 0), if any.
+        trains: It runs a training step (``backward()``, ``zero_grad()``, ``optimizer.step()``).
+        distributed: It uses ``torch.distributed`` or sets up distributed training.
+        returns: The kinds of what it returns (``dist_sampler``, ``rank_logger``…).
+    """
+
+    where: str = ""
+    rank0: bool = False
+    local: bool = False
+    rank_value: str | None = None
+    silences_print: bool = False
+    rank_logging: bool = False
+    creates_group: str | None = None
+    destroys_group: bool = False
+    sets_device: bool = False
+    collective: str | None = None
+    trains: bool = False
+    saves_argument: int | None = None
+    distributed: bool = False
+    returns: frozenset[str] = frozenset()
+
+
+class Resolver(Protocol):
+    """How a module sees the rest of its project (:class:`~gpu_training.diagnostics.lint_project.Project`)."""
+
+    def callees(self, facts: ModuleFacts, func: ast.expr) -> list[FuncRef]:
+        """The functions (of this file or of the project) a callee expression may name."""
+        ...
+
+    def summary(self, ref: FuncRef) -> Summary:
+        """What a function does."""
+        ...
+
+    def attribute_values(self, attr: str) -> list[tuple[ModuleFacts, Scope, ast.expr]]:
+        """Every value assigned to ``<anything>.attr`` in the project's parsed modules."""
+        ...
+
+    def incoming(self, ref: FuncRef) -> list[tuple[ModuleFacts, ast.Call, Scope]]:
+        """The calls of a function from the project's other linted files."""
+        ...
+
+    def runs_distributed(self, facts: ModuleFacts) -> bool:
+        """Whether a file of the project runs under a process group."""
+        ...
