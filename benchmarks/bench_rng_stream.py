@@ -73,7 +73,7 @@ def _time_steps(
     sampler = GlobalBatchSampler(len(data.train), per_device * accum, per_device, ctx, seed=0)
     loader = torch.utils.data.DataLoader(data.train, batch_sampler=sampler)
     groups = list(zip(range(steps + 1), step_module.step_batches(loader, accum), strict=False))
-    step_module.micro_batch_rng = micro_batch_rng if stream else _no_stream  # type: ignore[assignment]
+    step_module.micro_batch_rng = micro_batch_rng if stream else _no_stream
     try:
         started = 0.0
         for step, batches in groups:
@@ -93,7 +93,7 @@ def _time_steps(
             float(norm)  # the step is done
         return (time.perf_counter() - started) / steps
     finally:
-        step_module.micro_batch_rng = micro_batch_rng  # type: ignore[assignment]
+        step_module.micro_batch_rng = micro_batch_rng
 
 
 def main() -> None:
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, (shape, per_device, accum) in SHAPES.items():
         times: dict[str, list[float]] = {"old": [], "stream": []}
         for round_ in range(args.rounds):

@@ -119,6 +119,12 @@ def register(subparsers: Any) -> None:
     )
     plan.add_argument("--data", metavar="SPEC", help="data factory import string for MODEL")
     plan.add_argument(
+        "--hf-config",
+        metavar="CONFIG",
+        help="a Hugging Face config.json (or its directory) instead of MODEL: that "
+        "architecture, built on the meta device, at --seq tokens (default its context, <= 1024)",
+    )
+    plan.add_argument(
         "--task-option",
         dest="task_options",
         action="append",
@@ -202,7 +208,9 @@ def _subject(args: argparse.Namespace) -> _Subject:
 
     shape_flags = [f for f in ("layers", "hidden") if getattr(args, f) is not None]
     optimizer = args.optimizer or "adamw"
-    if args.model is None:
+    if args.hf_config is not None and (args.model is not None or shape_flags or args.params):
+        raise UsageError("plan: give --hf-config, MODEL or a shape (--layers/--hidden), not two")
+    if args.model is None and args.hf_config is None:
         if len(shape_flags) < 2:
             raise UsageError(
                 "plan: give MODEL (a task, an import string or a job file) or a transformer shape: "
@@ -255,7 +263,13 @@ def _subject(args: argparse.Namespace) -> _Subject:
     job = None
     options = _options(args.task_options)
     sections: dict[str, Any] | None = {"task": args.model}
-    if Path(args.model).suffix.lower() in _JOB_SUFFIXES:
+    if args.hf_config is not None:
+        task = _hf_config_task(args.hf_config, args.seq)
+        sections = {
+            "task": "hf",
+            "task_options": {"config": args.hf_config, "block_size": task.tokens_per_sample},
+        }
+    elif Path(args.model).suffix.lower() in _JOB_SUFFIXES:
         from gpu_training.job import load_job
         from gpu_training.trainer import build_task
 
@@ -301,6 +315,22 @@ def _subject(args: argparse.Namespace) -> _Subject:
         flops_source=f"the task's flops_per_token ({task.name})",
         tokens_per_sample=task.tokens_per_sample,
     )
+
+
+def _hf_config_task(config: str, seq: int | None) -> Any:
+    from gpu_training.cli import UsageError
+    from gpu_training.config import ConfigError
+
+    try:
+        from gpu_training.tasks.hf import plan_task
+
+        return plan_task(config, seq)
+    except ConfigError as err:
+        message = str(err).replace("field 'task_options.config'", "--hf-config")
+        message = message.replace("field 'task_options.block_size'", "--seq")
+        raise UsageError(f"plan: {message}") from None
+    except ImportError as err:
+        raise UsageError(f"plan: --hf-config needs the hf extra ({err})") from None
 
 
 # --- the plan --------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ __all__ = [
     "BlockSpec",
     "StepFns",
     "apply_activation_checkpointing",
+    "declared_blocks",
     "detect_blocks",
     "find_blocks",
     "step_fns",
@@ -160,12 +161,37 @@ def _param_count(modules: Iterable[nn.Module]) -> int:
     return total
 
 
-def detect_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's repeated blocks: same-class children of a ``ModuleList``/``Sequential``.
+def declared_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The blocks a Hugging Face model declares: the classes its ``_no_split_modules`` names.
 
-    Among every ``nn.ModuleList`` and ``nn.Sequential`` holding two or more modules of one
-    class that have parameters, picks the group covering the most parameters (a transformer's
-    layer stack, not the two linears of an MLP inside each layer).
+    ``transformers`` lists there the modules that must not be split across devices (a
+    decoder layer): exactly the FSDP units and checkpointed blocks. Names the model does not
+    hold (a vision tower absent from a text-only config) are skipped.
+
+    Returns:
+        The outermost such modules in order; empty when the model declares none (any model
+        that is not a ``transformers`` one, or a ``peft`` model wrapping one).
+
+    Example:
+        >>> declared_blocks(nn.Linear(2, 2))
+        []
+    """
+    names: set[str] = set()
+    for module in model.modules():  # a peft model holds the PreTrainedModel inside
+        declared = getattr(module, "_no_split_modules", None)
+        if isinstance(declared, (list, tuple, set, frozenset)):
+            names |= {n for n in declared if isinstance(n, str)}
+    present = names & {type(m).__name__ for m in model.modules() if m is not model}
+    return find_blocks(model, sorted(present)) if present else []
+
+
+def detect_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's repeated blocks: its declared ones, else same-class container children.
+
+    A Hugging Face model's ``_no_split_modules`` decide (:func:`declared_blocks`): no class
+    names to type. Otherwise, among every ``nn.ModuleList`` and ``nn.Sequential`` holding two
+    or more modules of one class that have parameters, picks the group covering the most
+    parameters (a transformer's layer stack, not the two linears of an MLP inside each layer).
 
     Raises:
         StrategyError: If no container holds two or more same-class modules with parameters.
@@ -175,6 +201,9 @@ def detect_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         >>> [name for name, _ in detect_blocks(m)]
         ['0', '2', '3']
     """
+    declared = declared_blocks(model)
+    if declared:
+        return declared
     best: list[tuple[str, nn.Module]] = []
     best_size = -1
     for prefix, container in model.named_modules():

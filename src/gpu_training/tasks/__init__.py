@@ -37,7 +37,7 @@ Example:
     >>> resolve_task("charml")
     Traceback (most recent call last):
     ...
-    gpu_training.tasks.TaskError: unknown task 'charml' (did you mean 'charlm'?): use a built-in task (charlm) or an import string 'package.module:function' returning a Task
+    gpu_training.tasks.TaskError: unknown task 'charml' (did you mean 'charlm'?): use a built-in task (charlm, hf) or an import string 'package.module:function' returning a Task
 """
 
 from __future__ import annotations
@@ -138,6 +138,11 @@ class Task:
 
     flops_per_token: int | None = None
     """Training FLOPs per token (``6N + 12·L·H·Q·T``): the Trainer then logs MFU on GPUs."""
+
+    checkpoint_extra: Callable[[nn.Module], dict[str, Any]] | None = None
+    """Plain data (numbers, strings, tensors, lists and dicts of them) the Trainer adds to
+    every checkpoint's ``extra``, given the trained model: e.g. the Hugging Face task's
+    config and tokenizer files, so ``ckpt export-hf`` needs no other input."""
 
 
 # --- losses ---------------------------------------------------------------------------------
@@ -510,6 +515,13 @@ def charlm_task(config: charlm.CharLMConfig | None = None) -> Task:
     )
 
 
+def _hf_from_options(options: Mapping[str, Any]) -> Task:
+    from gpu_training.tasks.hf import hf_task  # imports transformers only when it builds
+
+    task: Task = hf_task(options)
+    return task
+
+
 def _charlm_from_options(options: Mapping[str, Any]) -> Task:
     fields = list(charlm.CharLMConfig.field_names())
     for key in options:
@@ -521,7 +533,10 @@ def _charlm_from_options(options: Mapping[str, Any]) -> Task:
     return charlm_task(charlm.CharLMConfig(**options))
 
 
-BUILTIN_TASKS: dict[str, Callable[[Mapping[str, Any]], Task]] = {"charlm": _charlm_from_options}
+BUILTIN_TASKS: dict[str, Callable[[Mapping[str, Any]], Task]] = {
+    "charlm": _charlm_from_options,
+    "hf": _hf_from_options,
+}
 """Built-in task name -> factory taking the task's options."""
 
 
@@ -531,8 +546,9 @@ def resolve_task(name_or_spec: str, options: Mapping[str, Any] | None = None) ->
     Args:
         name_or_spec: A built-in name (``"charlm"``) or ``"package.module:function"``, where
             ``function(**options)`` returns a :class:`Task`.
-        options: For ``"charlm"``, :class:`~.charlm.CharLMConfig` fields; for an import
-            string, the factory's keyword arguments.
+        options: For ``"charlm"``, :class:`~.charlm.CharLMConfig` fields; for ``"hf"``,
+            :class:`~.hf.HFTaskOptions` fields; for an import string, the factory's keyword
+            arguments.
 
     Returns:
         The :class:`Task`.
