@@ -104,7 +104,10 @@ def save_deepspeed(
     def write(tmp: Path) -> set[str]:
         with _quiet():
             # save_dir/tag is the temporary directory itself: DeepSpeed's files land flat in it.
-            engine.save_checkpoint(str(tmp.parent), tag=tmp.name, save_latest=False)
+            # frozen parameters (a LoRA base) come back from the model itself: only what trains
+            engine.save_checkpoint(
+                str(tmp.parent), tag=tmp.name, save_latest=False, exclude_frozen_parameters=True
+            )
         return set()
 
     return save_directory(manager, step, write, DEEPSPEED_FORMAT, extra=extra)
