@@ -136,7 +136,8 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 def train_one(data: dict[str, Any]) -> dict[str, Any]:
     """Trains one job in the current process (group); logits and frozen-parameter drift."""
     from gpu_training.job import JobConfig
-    from gpu_training.trainer import Trainer, build_task
+    from gpu_training.tasks import build_task
+    from gpu_training.trainer import Trainer
 
     job_config = JobConfig.from_dict(data)
     task = build_task(job_config)

@@ -12,8 +12,8 @@ import pytest
 
 import gpu_training
 from dist_harness import run_python
-from gpu_training import cli
 from gpu_training.cli import build_parser, main
+from gpu_training.commands import launch as launch_command
 
 _GOOD_YAML = """\
 per_device_batch_size: 8
@@ -145,7 +145,7 @@ def test_unexpected_exceptions_propagate(monkeypatch: pytest.MonkeyPatch) -> Non
     def boom(args: argparse.Namespace) -> int:
         raise RuntimeError("a bug, not bad input")
 
-    monkeypatch.setattr(cli, "_run_launch_cmd", boom)
+    monkeypatch.setattr(launch_command, "_run_launch_cmd", boom)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["launch-cmd", "--nproc", "2", "t.py"])
 

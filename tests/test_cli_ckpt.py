@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from dist_harness import run_python
-from gpu_training import cli
 from gpu_training.checkpoint import CheckpointManager
 from gpu_training.cli import build_parser, main
+from gpu_training.commands import ckpt as ckpt_command
 from gpu_training.ddp import DistributedContext
 
 SINGLE = DistributedContext()
@@ -77,7 +77,7 @@ def test_ckpt_actions_are_registered() -> None:
     ckpt = sub.choices["ckpt"]
     actions = next(a for a in ckpt._actions if isinstance(a, argparse._SubParsersAction))
     assert set(actions.choices) == {"inspect", "verify", "consolidate", "export-hf"}
-    assert callable(cli._add_ckpt_parser)
+    assert callable(ckpt_command.register)
 
 
 @pytest.mark.parametrize("argv", [["ckpt", "--help"], ["ckpt", "consolidate", "--help"]])

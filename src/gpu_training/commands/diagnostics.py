@@ -151,7 +151,7 @@ def _run_lint(args: argparse.Namespace) -> int:
 
 
 def _add_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
-    from gpu_training.cli import _positive_int, add_set_argument
+    from gpu_training.commands.argtypes import add_set_argument, positive_int
 
     parser = subparsers.add_parser(
         "verify",
@@ -189,16 +189,16 @@ def _add_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
     source.add_argument("--config", metavar="JOB", help="a job file; its task section is used")
     add_set_argument(source, "training.per_device_batch_size=4")
     parser.add_argument(
-        "--nproc", type=_positive_int, default=2, metavar="N", help="ranks (default 2)"
+        "--nproc", type=positive_int, default=2, metavar="N", help="ranks (default 2)"
     )
     parser.add_argument(
         "--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process group"
     )
     parser.add_argument(
-        "--batch-size", type=_positive_int, default=4, metavar="B", help="per-device micro-batch"
+        "--batch-size", type=positive_int, default=4, metavar="B", help="per-device micro-batch"
     )
     parser.add_argument(
-        "--accum", type=_positive_int, default=2, metavar="A", help="accumulation micro-steps"
+        "--accum", type=positive_int, default=2, metavar="A", help="accumulation micro-steps"
     )
     parser.add_argument(
         "--sampler",
@@ -289,7 +289,7 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _add_doctor(subparsers: argparse._SubParsersAction[Any]) -> None:
-    from gpu_training.cli import _positive_int
+    from gpu_training.commands.argtypes import positive_int
 
     parser = subparsers.add_parser(
         "doctor",
@@ -304,8 +304,8 @@ def _add_doctor(subparsers: argparse._SubParsersAction[Any]) -> None:
             "node and an all-reduce. Exit code 1 on a FAIL."
         ),
     )
-    parser.add_argument("--nproc", type=_positive_int, metavar="N", help="processes per node")
-    parser.add_argument("--nnodes", type=_positive_int, default=1, metavar="M", help="nodes")
+    parser.add_argument("--nproc", type=positive_int, metavar="N", help="processes per node")
+    parser.add_argument("--nnodes", type=positive_int, default=1, metavar="M", help="nodes")
     parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="rendezvous to check")
     parser.add_argument("--rdzv-id", metavar="ID", help="probe job id (default from endpoint)")
     parser.add_argument(

@@ -109,7 +109,7 @@ def _run_find_batch(args: argparse.Namespace) -> int:
     import torch
 
     from gpu_training.job import load_job
-    from gpu_training.trainer import build_task
+    from gpu_training.tasks import build_task
 
     job = load_job(args.config, list(args.overrides))
     task = build_task(job)

@@ -49,13 +49,15 @@ examples:
 
 
 def register(subparsers: Any) -> None:
-    """Adds the ``launch`` subcommand to ``gpu-training``.
+    """Adds the ``launch`` and ``launch-cmd`` subcommands to ``gpu-training``.
 
     Args:
         subparsers: The ``add_subparsers()`` action of the ``gpu-training`` parser.
     """
-    from gpu_training.cli import _non_negative_int, _positive_int
+    from gpu_training.commands.argtypes import non_negative_int, positive_int
     from gpu_training.launcher.k8s import RESTART_POLICIES
+
+    register_launch_cmd(subparsers)  # the torchrun command lines only, nothing started
 
     parser = subparsers.add_parser(
         "launch",
@@ -76,7 +78,7 @@ def register(subparsers: Any) -> None:
         "--nproc",
         "--gpus-per-node",
         dest="nproc",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="processes per node, one per GPU (default: the GPUs visible here, or 1)",
     )
@@ -84,7 +86,7 @@ def register(subparsers: Any) -> None:
         "--nnodes",
         "--nodes",
         dest="nnodes",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="M",
         help="nodes (default 1)",
@@ -101,7 +103,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--max-restarts",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="K",
         help="restart the whole group up to K times when a worker fails (elastic)",
     )
@@ -115,11 +117,11 @@ def register(subparsers: Any) -> None:
     slurm.add_argument("--partition", metavar="NAME", help="partition")
     slurm.add_argument("--job-name", metavar="NAME", help="job name (default: the script's)")
     slurm.add_argument(
-        "--port", type=_positive_int, metavar="PORT", help="rendezvous port on the first node"
+        "--port", type=positive_int, metavar="PORT", help="rendezvous port on the first node"
     )
     parser.add_argument(
         "--cpus-per-node",
-        type=_positive_int,
+        type=positive_int,
         metavar="C",
         help="CPUs to request per node (--slurm, --k8s)",
     )
@@ -129,9 +131,9 @@ def register(subparsers: Any) -> None:
     k8s.add_argument("--name", metavar="NAME", help="job name (default: from the script)")
     k8s.add_argument("--namespace", metavar="NS", help="namespace")
     k8s.add_argument(
-        "--min-nodes", type=_positive_int, metavar="N", help="fewest pods to train with"
+        "--min-nodes", type=positive_int, metavar="N", help="fewest pods to train with"
     )
-    k8s.add_argument("--max-nodes", type=_positive_int, metavar="N", help="most pods")
+    k8s.add_argument("--max-nodes", type=positive_int, metavar="N", help="most pods")
     k8s.add_argument(
         "--restart-policy",
         choices=RESTART_POLICIES,
@@ -262,7 +264,6 @@ def _run_launch(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace, target: str, script_args: list[str], *, module: bool) -> int:
-    from gpu_training.cli import _flag_names
     from gpu_training.launcher import TORCHRUN, launch_argv, launch_env, run_torchrun
 
     if args.nnodes > 1 and args.rdzv_endpoint is None:
@@ -377,4 +378,103 @@ def _k8s(
         flag = {"nodes": "--nodes", "gpus_per_node": "--gpus-per-node"}.get(field, _flag(field))
         raise _usage(f"{flag} {rest}") from None
     print(render_manifest(manifest), end="")
+    return 0
+
+
+# --- launch-cmd: the torchrun command lines only -----------------------------------------
+
+
+def register_launch_cmd(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Adds ``launch-cmd``: print the torchrun command line(s) of a launch, start nothing."""
+    from gpu_training.commands.argtypes import non_negative_int, positive_int
+
+    parser = subparsers.add_parser(
+        "launch-cmd",
+        help="print the torchrun command(s) for a launch",
+        description=(
+            "Print the torchrun command that launches SCRIPT, or one command per node when "
+            "--nnodes > 1 (run line i on node i). Nothing is started."
+        ),
+    )
+    parser.add_argument(
+        "--nproc", type=positive_int, required=True, metavar="N", help="processes per node"
+    )
+    parser.add_argument("--nnodes", type=positive_int, default=1, metavar="M", help="nodes")
+    parser.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="rendezvous host:port of the rank-0 node (needed when --nnodes > 1)",
+    )
+    parser.add_argument(
+        "--rdzv-id", metavar="ID", help="job id shared by all nodes (default: a random one)"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        metavar="K",
+        help="restart the whole group up to K times when a worker fails",
+    )
+    parser.add_argument("script", metavar="SCRIPT", help="the training script")
+    parser.add_argument(
+        "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT"
+    )
+    parser.set_defaults(_run=_run_launch_cmd)
+
+
+# launcher messages name Python arguments; at the command line the user typed flags.
+_LAUNCHER_FLAGS = {
+    "nproc_per_node": "--nproc",
+    "nproc": "--nproc",
+    "nnodes": "--nnodes",
+    "rdzv_endpoint": "--rdzv-endpoint",
+    "rdzv_id": "--rdzv-id",
+    "max_restarts": "--max-restarts",
+    "script": "SCRIPT",
+    "args": "ARGS",
+}
+
+
+def _flag_names(message: str) -> str:
+    name = message.split(" ", 1)[0]
+    flag = _LAUNCHER_FLAGS.get(name)
+    return message if flag is None else flag + message[len(name) :]
+
+
+def _run_launch_cmd(args: argparse.Namespace) -> int:
+    from gpu_training.cli import UsageError
+    from gpu_training.launcher import RESTART_ENV, multi_node_commands, single_node_command
+
+    if args.nnodes > 1 and args.rdzv_endpoint is None:
+        raise UsageError("launch-cmd: --nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    if args.rdzv_id is not None and args.rdzv_endpoint is None:
+        raise UsageError("launch-cmd: --rdzv-id needs --rdzv-endpoint HOST:PORT")
+    try:
+        if args.rdzv_endpoint is None:
+            commands = [
+                single_node_command(
+                    args.script, args.nproc, args.script_args, max_restarts=args.max_restarts
+                )
+            ]
+        else:
+            commands = multi_node_commands(
+                args.script,
+                nnodes=args.nnodes,
+                nproc_per_node=args.nproc,
+                rdzv_endpoint=args.rdzv_endpoint,
+                args=args.script_args,
+                rdzv_id=args.rdzv_id,
+                max_restarts=args.max_restarts,
+            )
+    except ValueError as err:
+        raise UsageError(f"launch-cmd: {_flag_names(str(err))}") from None
+    lines: list[str] = []
+    if args.max_restarts is not None:
+        # Restarts reuse the rendezvous store unless this is set: 5/12 recoveries vs 16/16.
+        lines += [f"export {key}={value}" for key, value in RESTART_ENV.items()]
+    if len(commands) == 1:
+        lines.append(commands[0])
+    else:
+        for node, command in enumerate(commands):
+            lines += [f"# node {node}:", command]
+    print("\n".join(lines))
     return 0

@@ -45,7 +45,7 @@ def _interval(text: str) -> float:
 
 def register(subparsers: Any) -> None:
     """Add ``monitor`` to the ``gpu-training`` parser."""
-    from gpu_training.cli import _positive_int
+    from gpu_training.commands.argtypes import positive_int
 
     parser = subparsers.add_parser(
         "monitor",
@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (2)"
     )
-    parser.add_argument("--count", type=_positive_int, metavar="N", help="stop after N refreshes")
+    parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N refreshes")
     parser.add_argument(
         "--replay",
         metavar="CSV",

@@ -271,7 +271,7 @@ def _subject(args: argparse.Namespace) -> _Subject:
         }
     elif Path(args.model).suffix.lower() in _JOB_SUFFIXES:
         from gpu_training.job import load_job
-        from gpu_training.trainer import build_task
+        from gpu_training.tasks import build_task
 
         job = load_job(args.model)
         task = build_task(job)

@@ -65,7 +65,7 @@ def _resolve(spec: _Spec) -> tuple[Any, SamplerFn | None, AccumulateFn | None]:
 
     if spec.config is not None:
         from gpu_training.job import load_job
-        from gpu_training.trainer import build_task
+        from gpu_training.tasks import build_task
 
         task = build_task(load_job(spec.config, list(spec.overrides)))
     elif spec.model is not None or spec.data is not None:

@@ -51,14 +51,22 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from gpu_training.config import ConfigError
+from gpu_training.tasks.losses import (
+    IGNORE_INDEX,
+    count_scored,
+    cross_entropy_loss,
+    cross_entropy_sum,
+)
+
+if TYPE_CHECKING:
+    from gpu_training.job import JobConfig
 from gpu_training.tasks import charlm
 
 __all__ = [
@@ -66,6 +74,7 @@ __all__ = [
     "IGNORE_INDEX",
     "Task",
     "TaskError",
+    "build_task",
     "charlm_task",
     "count_scored",
     "cross_entropy_loss",
@@ -143,102 +152,6 @@ class Task:
     """Plain data (numbers, strings, tensors, lists and dicts of them) the Trainer adds to
     every checkpoint's ``extra``, given the trained model: e.g. the Hugging Face task's
     config and tokenizer files, so ``ckpt export-hf`` needs no other input."""
-
-
-# --- losses ---------------------------------------------------------------------------------
-
-IGNORE_INDEX = -100
-"""The target value that marks a position as not scored (PyTorch's and Hugging Face's)."""
-
-
-def cross_entropy_sum(outputs: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """Cross-entropy summed over the scored targets, and their number.
-
-    The default training loss of user tasks: positions whose target is :data:`IGNORE_INDEX`
-    (padding, prompt tokens) are not scored, and the Trainer divides the sum by the scored
-    targets of the whole global batch. Shapes and model outputs as :func:`cross_entropy_loss`.
-
-    Args:
-        outputs: Logits, or a model output holding them as ``logits``.
-        targets: Class ids, :data:`IGNORE_INDEX` where not scored.
-
-    Returns:
-        ``(sum, count)``: 0-d tensors (``count`` an integer tensor).
-
-    Raises:
-        TypeError: If ``outputs`` is neither a tensor nor holds a ``logits`` tensor.
-
-    Example:
-        >>> import torch
-        >>> total, count = cross_entropy_sum(torch.zeros(1, 3, 4), torch.tensor([[1, 2, -100]]))
-        >>> int(count), round(float(total / count), 4)
-        (2, 1.3863)
-    """
-    logits = outputs
-    if not isinstance(outputs, Tensor):  # a Hugging Face ModelOutput, or a dict, with logits
-        found = outputs.get("logits") if isinstance(outputs, Mapping) else None
-        logits = found if found is not None else getattr(outputs, "logits", None)
-        if not isinstance(logits, Tensor):
-            raise TypeError(
-                f"cross_entropy_sum: the model returned {_a_type(outputs)} with no logits "
-                "tensor: return logits (or an object with .logits), or pass a loss "
-                "(task.loss, --loss pkg.mod:fn(outputs, targets))"
-            )
-    if logits.dim() == 3:
-        logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
-    total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    return total, count_scored(targets)
-
-
-def count_scored(targets: Tensor) -> Tensor:
-    """Targets that are scored (not :data:`IGNORE_INDEX`), as a 0-d integer tensor."""
-    return (targets != IGNORE_INDEX).sum()
-
-
-def cross_entropy_loss(outputs: Any, targets: Tensor) -> Tensor:
-    """Mean cross-entropy, for classifiers and sequence models alike.
-
-    3-D outputs are taken as a language model's ``(batch, time, classes)`` and flattened with
-    their ``(batch, time)`` targets, so every position counts once; any other shape goes to
-    :func:`torch.nn.functional.cross_entropy` as is (classes in dim 1: ``(N, C)`` with ``(N,)``,
-    or ``(N, C, H, W)`` with ``(N, H, W)``). For regression or anything else, give a loss.
-
-    A model output that is not a tensor — a Hugging Face ``ModelOutput``, any object or dict
-    with a ``logits`` field — is scored by its logits against ``targets``. Its ``loss`` is not
-    used: a model called without labels has none, and a causal LM's own loss shifts the labels
-    again, while ``targets`` are already the next tokens.
-
-    Args:
-        outputs: Logits, or a model output holding them as ``logits``.
-        targets: Class ids.
-
-    Returns:
-        A 0-d tensor, the mean over every scored position.
-
-    Raises:
-        TypeError: If ``outputs`` is neither a tensor nor holds a ``logits`` tensor.
-
-    Example:
-        >>> import torch
-        >>> round(cross_entropy_loss(torch.zeros(2, 5, 4), torch.zeros(2, 5).long()).item(), 4)
-        1.3863
-        >>> output = {"logits": torch.zeros(2, 4)}  # or a Hugging Face ModelOutput
-        >>> round(cross_entropy_loss(output, torch.zeros(2).long()).item(), 4)
-        1.3863
-    """
-    logits = outputs
-    if not isinstance(outputs, Tensor):  # a Hugging Face ModelOutput, or a dict, with logits
-        found = outputs.get("logits") if isinstance(outputs, Mapping) else None
-        logits = found if found is not None else getattr(outputs, "logits", None)
-        if not isinstance(logits, Tensor):
-            raise TypeError(
-                f"cross_entropy_loss: the model returned {_a_type(outputs)} with no logits "
-                "tensor: return logits (or an object with .logits), or pass a loss "
-                "(task.loss, --loss pkg.mod:fn(outputs, targets))"
-            )
-    if logits.dim() == 3:
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-    return F.cross_entropy(logits, targets)
 
 
 # --- import strings -------------------------------------------------------------------------
@@ -531,6 +444,25 @@ def _charlm_from_options(options: Mapping[str, Any]) -> Task:
                 f"options: {', '.join(fields)}"
             )
     return charlm_task(charlm.CharLMConfig(**options))
+
+
+def build_task(job: JobConfig) -> Task:
+    """The :class:`Task` a job names: a built-in task, a task factory, or import strings.
+
+    Args:
+        job: The job (its ``task`` section).
+
+    Returns:
+        The task; its factories run later, on every rank.
+
+    Raises:
+        TaskError: If a name or import string does not resolve (one line naming it).
+    """
+    spec = job.task
+    if spec.model is not None and spec.data is not None:
+        return task_from_imports(spec.model, spec.data, spec.loss)
+    assert spec.name is not None  # TaskSpec guarantees a name or both import strings
+    return resolve_task(spec.name, spec.options)
 
 
 BUILTIN_TASKS: dict[str, Callable[[Mapping[str, Any]], Task]] = {
