@@ -8,14 +8,14 @@ EXTRAS ?= dev,monitor,plot,tensorboard,trackers,hf
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-gpu lint format demo bench bench-gpu clean
+.PHONY: help install test test-gpu lint format demo bench bench-env bench-gpu clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
 	@echo "make test      run the whole test suite"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
-	@echo "make bench     checkpoint, Trainer, memory-estimate, batch-finder, start-up and tracker benchmarks"
+	@echo "make bench     checkpoint, loops (vs Accelerate, Fabric), Trainer, memory, batch-finder, start-up, trackers"
 	@echo "make bench-gpu GPT-2 124M shape on one GPU: tokens/s, MFU, memory; then the GPU tests"
 
 $(BIN)/python:
@@ -58,11 +58,24 @@ format: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/gpu-training train configs/ddp_config.yaml --nproc $(NPROC)
 
-# The bench extra (Accelerate, Lightning Fabric) puts them in the Trainer table, side by side.
-bench: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[bench]"
+# Accelerate and Lightning Fabric are what the loop benchmarks compare against, not
+# dependencies: they live in their own environment, on the project's torch (pinned in the same
+# install, so neither can move it).
+BENCH_VENV ?= .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)"
+	$(BENCH_VENV)/bin/python -m pip install -q -e . "torch==$(TORCH_VERSION)" \
+		"accelerate>=1.0" "lightning-fabric>=2.4"
+	@touch $@
+
+bench-env: $(BENCH_VENV)/.installed
+
+bench: $(VENV)/.installed $(BENCH_VENV)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_checkpoint.py
-	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_trainer.py
+	OMP_NUM_THREADS=1 $(BENCH_VENV)/bin/python benchmarks/bench_loops.py
+	OMP_NUM_THREADS=1 $(BENCH_VENV)/bin/python benchmarks/bench_trainer.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_memory.py
 	$(BIN)/python benchmarks/bench_batch_finder.py
 	$(BIN)/python benchmarks/bench_startup.py
@@ -83,4 +96,4 @@ bench-gpu:
 endif
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -74,7 +74,7 @@ GOALS = {"charlm": 1.03, "mlp": 1.10}
 MODELS = ("charlm", "mlp")
 BASE_KINDS = ("trainer", "helpers", "manual")
 FRAMEWORKS = {"accelerate": "accelerate", "fabric": "lightning_fabric"}
-"""Other tools measured on the same model and data when installed (the ``bench`` extra)."""
+"""Other tools measured on the same model and data when installed (``make bench-env``: their own environment on the project's torch)."""
 
 
 def available_kinds() -> tuple[str, ...]:

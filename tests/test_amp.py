@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from gpu_training.amp import (
+    GradNorm,
     MixedPrecisionTrainer,
     autocast_dtype,
     needs_grad_scaler,
@@ -186,3 +187,191 @@ def test_bad_constructor_arguments() -> None:
         MixedPrecisionTrainer(opt, max_grad_norm=0.0)
     with pytest.raises(ValueError, match="precision"):
         MixedPrecisionTrainer(opt, precision="half")
+
+
+# --- the gradient norm: measured when clipping needs it or someone reads it ------------------
+
+
+class _NormCalls:
+    """Counts the passes over the gradients that measure a norm (clip or total)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = torch.nn.utils.get_total_norm
+
+        def counted(*args: object, **kwargs: object) -> torch.Tensor:
+            self.calls += 1
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        # clip_grad_norm_ measures through get_total_norm too: one counter sees both.
+        monkeypatch.setattr(torch.nn.utils.clip_grad, "_get_total_norm", counted, raising=False)
+        monkeypatch.setattr(torch.nn.utils, "get_total_norm", counted)
+
+
+_TOTAL_NORM = torch.nn.utils.get_total_norm  # not the counted one
+
+
+def _eager_norm(model: nn.Module) -> float:
+    return float(_TOTAL_NORM([p.grad for p in model.parameters() if p.grad is not None]))
+
+
+def test_no_norm_is_computed_on_a_step_where_none_is_needed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _model()
+    trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), "fp32", 2)
+    x, y = _data(8)
+    calls = _NormCalls(monkeypatch)
+    for micro in range(6):  # 3 optimizer steps, nobody reads a norm
+        with trainer.autocast():
+            loss = nn.functional.mse_loss(model(x), y)
+        trainer.backward(loss)
+        trainer.step_async(model.parameters(), micro)
+    assert calls.calls == 0
+    # Asked for, it is measured once, on read, and equals the eager measure.
+    with trainer.autocast():
+        loss = nn.functional.mse_loss(model(x), y)
+    trainer.backward(loss)
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    expected = _eager_norm(model)
+    norm = trainer.step_async(model.parameters(), 7)
+    assert isinstance(norm, GradNorm) and not norm.computed and calls.calls == 0
+    assert norm.item() == pytest.approx(expected, rel=1e-6) and calls.calls == 1
+    assert float(norm) == norm.item() and calls.calls == 1  # read once, kept
+    assert norm.tensor().dim() == 0
+
+
+def test_clipping_measures_the_norm_at_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    models = [_model(), _model()]
+    trainers = [
+        MixedPrecisionTrainer(torch.optim.SGD(m.parameters(), lr=0.1), "fp32", max_grad_norm=0.1)
+        for m in models
+    ]
+    x, y = _data(8)
+    for model, trainer in zip(models, trainers, strict=True):
+        trainer.backward(nn.functional.mse_loss(model(x), y))
+    expected = _eager_norm(models[0])
+    calls = _NormCalls(monkeypatch)
+    handle = trainers[0].step_async(models[0].parameters(), 0)
+    assert handle is not None and handle.computed and calls.calls == 1
+    assert handle.item() == pytest.approx(expected, rel=1e-6)
+    assert trainers[1].step(models[1].parameters(), 0) == pytest.approx(handle.item())
+    assert torch.equal(models[0][0].weight, models[1][0].weight)  # clipped the same way
+
+
+def test_norm_read_after_the_next_forward_is_an_error() -> None:
+    model = _model()
+    trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), "fp32")
+    x, y = _data(8)
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    norm = trainer.step_async(model.parameters(), 0)
+    assert norm is not None
+    with trainer.autocast():  # the next forward: the step's gradients are let go
+        loss = nn.functional.mse_loss(model(x), y)
+    with pytest.raises(RuntimeError, match="read it right after step_async"):
+        norm.item()
+    trainer.backward(loss)
+    assert "gone" in repr(norm)
+    measured = trainer.step_async(model.parameters(), 0, norm=True)
+    assert measured is not None and measured.computed
+
+
+def test_lazy_norm_refuses_gradients_changed_in_place_by_the_optimizer() -> None:
+    class ClearsGrads(torch.optim.SGD):
+        def step(self, closure=None):  # type: ignore[no-untyped-def, override]
+            out = super().step(closure)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad.mul_(0)  # as some third-party optimizers do
+            return out
+
+    model = _model()
+    trainer = MixedPrecisionTrainer(ClearsGrads(model.parameters(), lr=0.1), "fp32")
+    x, y = _data(8)
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    expected = _eager_norm(model)
+    norm = trainer.step_async(model.parameters(), 0)
+    assert norm is not None
+    with pytest.raises(RuntimeError, match="pass norm=True"):
+        norm.item()
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    eager = trainer.step_async(model.parameters(), 0, norm=True)
+    assert eager is not None and eager.computed and eager.item() > 0
+    assert expected > 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1, maximize=True),
+        lambda ps: torch.optim.Adam(ps, lr=1e-3, weight_decay=0.1, amsgrad=True, foreach=False),
+        lambda ps: torch.optim.RMSprop(ps, lr=1e-3, momentum=0.9, centered=True),
+    ],
+    ids=["sgd", "adamw", "adam", "rmsprop"],
+)
+def test_built_in_optimizers_leave_gradients_for_the_lazy_read(make) -> None:  # type: ignore[no-untyped-def]
+    model = _model()
+    trainer = MixedPrecisionTrainer(make(model.parameters()), "fp32")
+    x, y = _data(8)
+    for _ in range(3):
+        trainer.backward(nn.functional.mse_loss(model(x), y))
+        expected = _eager_norm(model)
+        norm = trainer.step_async(model.parameters(), 0)
+        assert norm is not None and norm.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_fp16_overflow_reads_non_finite_from_the_lazy_norm() -> None:
+    model = _model()
+    trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), "fp16")
+    x, y = _data(4)
+    trainer.backward(nn.functional.mse_loss(model(x), y) * float("inf"))
+    norm = trainer.step_async(model.parameters(), 0)
+    assert norm is not None and not norm.computed and trainer.last_step_skipped
+    assert not torch.isfinite(norm.tensor())  # inf or nan, as step() reports it
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    finite = trainer.step_async(model.parameters(), 0)
+    assert finite is not None and not trainer.last_step_skipped
+    assert 0 < finite.item() < float("inf")
+
+
+def test_a_measured_grad_norm_is_a_value() -> None:
+    norm = GradNorm(torch.tensor(2.0))
+    assert norm.computed and norm.item() == 2.0 and float(norm) == 2.0
+    assert repr(norm) == "GradNorm(2)"
+
+
+def test_lazy_norm_covers_the_parameters_passed_not_the_optimizers() -> None:
+    """The norm is over ``params`` (as clip_grad_norm_ would see them): a subset of the
+    optimizer's, or parameters it does not hold."""
+    model = _model()
+    first, second = model[0], model[2]
+    trainer = MixedPrecisionTrainer(torch.optim.SGD(first.parameters(), lr=0.1), "fp32")
+    x, y = _data(8)
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    only_first = float(_TOTAL_NORM([p.grad for p in first.parameters()]))
+    subset = trainer.step_async(first.parameters(), 0)
+    assert subset is not None and subset.item() == pytest.approx(only_first, rel=1e-6)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    for p in second.parameters():
+        p.grad = None
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    both = float(_TOTAL_NORM([p.grad for p in model.parameters()]))
+    everything = trainer.step_async(model.parameters(), 0)  # second's grads: not the optimizer's
+    assert everything is not None and everything.item() == pytest.approx(both, rel=1e-6)
+
+
+def test_lazy_norm_does_not_walk_the_parameters_unless_read() -> None:
+    model = _model()
+    trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), "fp32")
+    x, y = _data(8)
+    walked = []
+
+    def params():  # type: ignore[no-untyped-def]
+        walked.append(True)
+        yield from model.parameters()
+
+    trainer.backward(nn.functional.mse_loss(model(x), y))
+    norm = trainer.step_async(params(), 0)
+    assert norm is not None and not walked
+    assert norm.item() > 0 and walked == [True]

@@ -113,7 +113,9 @@ def test_step_async_matches_step_and_defers_the_read() -> None:
     for model, amp in zip(models, amps, strict=True):
         amp.backward(model(x).square().mean())
     norm = amps[0].step(models[0].parameters(), 0)
-    tensor = amps[1].step_async(models[1].parameters(), 0)
+    handle = amps[1].step_async(models[1].parameters(), 0)
+    assert handle is not None and handle.computed  # clipping measured it at the step
+    tensor = handle.tensor()
     assert isinstance(tensor, torch.Tensor) and tensor.dim() == 0
     assert norm == pytest.approx(float(tensor))
     assert torch.equal(models[0].weight, models[1].weight)
@@ -187,3 +189,30 @@ def test_stall_timeout_ends_a_stuck_run_naming_the_step(tmp_path: Path) -> None:
     assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "stalled" in proc.stderr and "step 2" in proc.stderr, proc.stderr[-2000:]
     assert elapsed < 25, f"the watchdog took {elapsed:.0f} s"
+
+
+@pytest.mark.parametrize(("max_grad_norm", "measured"), [(None, 3), (1.0, 6)])
+def test_trainer_measures_the_norm_only_where_it_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_grad_norm: float | None, measured: int
+) -> None:
+    """Without clipping only the log steps (2, 4, 6 of 6) measure a norm; clipping measures
+    every step's anyway, and the logged value is the window's mean as before."""
+    job = _job(tmp_path, log_every=2)
+    data = job.to_dict()
+    data["training"].update(max_steps=6, max_grad_norm=max_grad_norm)
+    job = JobConfig.from_dict(data)
+    calls = 0
+    real = torch.nn.utils.clip_grad._get_total_norm
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils.clip_grad, "_get_total_norm", counted)
+    monkeypatch.setattr(torch.nn.utils, "get_total_norm", counted)
+    Trainer(job).fit()
+    assert calls == measured
+    rows = _train_rows(tmp_path)
+    assert [r["step"] for r in rows] == [2, 4, 6]
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)

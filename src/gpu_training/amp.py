@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 
 __all__ = [
+    "GradNorm",
     "MixedPrecisionTrainer",
     "Precision",
     "autocast_dtype",
@@ -124,6 +125,130 @@ def _optimizer_device(optimizer: torch.optim.Optimizer) -> torch.device:
     return _default_device()
 
 
+class GradNorm:
+    """The gradient norm of one optimizer step, measured on first read.
+
+    :meth:`MixedPrecisionTrainer.step_async` returns one on each accumulation boundary.
+    Clipping measures the norm anyway, so then it is already there; otherwise nothing is
+    computed until :meth:`tensor`, :meth:`item` or ``float()`` asks — a full pass over the
+    gradients that a loop which never reads the norm does not pay for. Until then the handle
+    keeps the step's gradients (unscaled, before ``zero_grad``) and drops them at the
+    trainer's next ``autocast()`` or ``backward()``, so it holds no more memory than the step
+    itself did: read it before the next forward. Under FSDP2 the norm is a collective, so it
+    is measured at the step, on every rank.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 1)
+        >>> trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), "fp32")
+        >>> trainer.backward(model(torch.ones(3, 4)).pow(2).mean())
+        >>> norm = trainer.step_async(model.parameters(), 0)
+        >>> norm.computed                    # no clipping: nothing measured yet
+        False
+        >>> norm.item() > 0 and norm.computed
+        True
+    """
+
+    __slots__ = ("_grads", "_owners", "_params", "_skipped", "_value", "_versions")
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self._value: torch.Tensor | None = value
+        self._params: Iterable[torch.nn.Parameter] | None = None
+        self._owners: list[torch.nn.Parameter] | None = None
+        self._grads: list[torch.Tensor] | None = None
+        self._versions: list[int] | None = None
+        self._skipped = False
+
+    @classmethod
+    def _unmeasured(
+        cls,
+        params: Iterable[torch.nn.Parameter],
+        owners: list[torch.nn.Parameter],
+        grads: list[torch.Tensor],
+        skipped: bool,
+    ) -> GradNorm:
+        """A norm to measure on read over ``params``, from the optimizer's gradients held.
+
+        ``params`` is not iterated until then (``model.parameters()`` walks every module,
+        a cost a loop that never reads the norm should not pay); ``owners[i].grad`` was
+        ``grads[i]`` before ``zero_grad``.
+        """
+        norm = cls.__new__(cls)
+        norm._value = None
+        norm._params = params
+        norm._owners = owners
+        norm._grads = grads
+        # The version counters before the optimizer step: an in-place change after it (an
+        # optimizer that rewrites .grad) would make a later read wrong, so it is refused.
+        norm._versions = _versions(grads)
+        norm._skipped = skipped
+        return norm
+
+    @property
+    def computed(self) -> bool:
+        """Whether the norm has been measured (at the step when clipping, or by a read)."""
+        return self._value is not None
+
+    def tensor(self) -> torch.Tensor:
+        """The norm as a 0-d tensor on the gradients' device (``inf`` for a skipped fp16 step).
+
+        Raises:
+            RuntimeError: If read after the trainer's next ``autocast()``/``backward()`` (the
+                gradients are gone), or if something changed the gradients in place after the
+                step (an optimizer that does: pass ``norm=True`` to ``step_async``).
+        """
+        if self._value is not None:
+            return self._value
+        if self._grads is None or self._owners is None or self._params is None:
+            raise RuntimeError(
+                "the gradient norm was not read before the next forward/backward, and the "
+                "step's gradients are gone: read it right after step_async, or pass "
+                "norm=True to measure it at the step"
+            )
+        if self._versions != _versions(self._grads):
+            raise RuntimeError(
+                "the gradients changed in place after the optimizer step (this optimizer "
+                "modifies them): pass norm=True to step_async to measure the norm at the step"
+            )
+        held = {id(p): g for p, g in zip(self._owners, self._grads, strict=True)}
+        grads = []
+        for p in self._params:
+            grad = held.get(id(p), p.grad)  # a parameter outside the optimizer kept its .grad
+            if grad is not None:
+                grads.append(grad)
+        self._value = _finish_norm(torch.nn.utils.get_total_norm(grads), self._skipped)
+        self._release()
+        return self._value
+
+    def item(self) -> float:
+        """The norm as a Python float (one host sync on a GPU)."""
+        return float(self.tensor())
+
+    def __float__(self) -> float:
+        return self.item()
+
+    def __repr__(self) -> str:
+        if self._value is not None:
+            return f"GradNorm({float(self._value):.6g})"
+        return "GradNorm(<not measured>)" if self._grads is not None else "GradNorm(<gone>)"
+
+    def _release(self) -> None:
+        """Drop the gradients (the trainer calls this at its next autocast or backward)."""
+        self._params = self._owners = self._grads = self._versions = None
+
+
+def _versions(tensors: list[torch.Tensor]) -> list[int]:
+    return [t._version for t in tensors]
+
+
+def _finish_norm(norm: torch.Tensor, skipped: bool) -> torch.Tensor:
+    full = getattr(norm, "full_tensor", None)  # FSDP2: a replicated DTensor
+    norm = (full() if callable(full) else norm).detach()
+    if skipped:
+        norm = torch.where(torch.isfinite(norm), torch.full_like(norm, math.inf), norm)
+    return norm
+
+
 class MixedPrecisionTrainer:
     """One interface for fp32, fp16 and bf16 steps, with gradient accumulation and clipping.
 
@@ -133,7 +258,7 @@ class MixedPrecisionTrainer:
         grad_accum_steps: Micro-batches per optimizer step; losses are divided by it so the
             accumulated gradient is the mean, not the sum.
         max_grad_norm: Clip the global gradient norm to this value (``None``: no clipping; the
-            norm is still measured and returned).
+            norm is then measured only when read, see :class:`GradNorm`).
         device: Device whose autocast to use (default: where the optimizer's parameters live).
 
     Example:
@@ -174,6 +299,7 @@ class MixedPrecisionTrainer:
         )
         self.skipped_steps = 0
         self.last_step_skipped = False
+        self._unread: GradNorm | None = None  # its gradients go at the next forward
 
     @property
     def scaler(self) -> torch.amp.GradScaler:
@@ -187,12 +313,16 @@ class MixedPrecisionTrainer:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """``torch.autocast`` for fp16/bf16, a no-op context for fp32."""
+        if self._unread is not None:
+            self._drop_unread()
         if self._dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self._dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Divide by the accumulation steps, scale (fp16), and backpropagate."""
+        if self._unread is not None:
+            self._drop_unread()
         if self.grad_accum_steps > 1:  # x / 1 is x, but costs an op and an autograd node
             loss = loss / self.grad_accum_steps
         self._scaler.scale(loss).backward()
@@ -212,25 +342,23 @@ class MixedPrecisionTrainer:
             The global gradient norm before clipping (``inf``/``nan`` when the fp16 step was
             skipped for overflow), or None off a boundary.
         """
-        norm = self.step_async(params, micro_step)
-        if norm is None:
-            return None
-        value = float(norm)
-        if self.last_step_skipped and math.isfinite(value):
-            value = math.inf
-        return value
+        norm = self.step_async(params, micro_step, norm=True)
+        return None if norm is None else norm.item()
 
     def step_async(
-        self, params: Iterable[torch.nn.Parameter], micro_step: int
-    ) -> torch.Tensor | None:
-        """:meth:`step`, returning the gradient norm as a 0-d tensor on the gradients' device.
+        self, params: Iterable[torch.nn.Parameter], micro_step: int, *, norm: bool = False
+    ) -> GradNorm | None:
+        """:meth:`step`, returning the gradient norm as a :class:`GradNorm` handle.
 
-        Nothing waits for the GPU here (bf16/fp32): read the norm every N steps, not every
-        step, and the host stays ahead of the device. In fp16 the overflow check still syncs.
+        Nothing waits for the GPU here (bf16/fp32), and nothing measures the norm unless
+        clipping needs it, ``norm=True`` asks for it, or the handle is read: read it every N
+        steps, not every step, and the host stays ahead of the device and the step makes no
+        pass over the gradients that is not used. In fp16 the overflow check still syncs.
 
         Args:
             params: The parameters whose gradients are clipped and measured.
             micro_step: 0-based micro-batch index (see :func:`should_step`).
+            norm: Measure the norm at the step even without clipping.
 
         Returns:
             The norm before clipping (``inf`` when an fp16 step was skipped for overflow), or
@@ -238,13 +366,25 @@ class MixedPrecisionTrainer:
         """
         if not should_step(micro_step, self.grad_accum_steps):
             return None
-        params = [p for p in params if p.grad is not None]
         # Unscale before clip: clipping scaled grads (×2¹⁶) would not clip at all.
         self._scaler.unscale_(self.optimizer)
+        value: torch.Tensor | None = None
+        owners: list[torch.nn.Parameter] = []
+        grads: list[torch.Tensor] = []
         if self.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            params = [p for p in params if p.grad is not None]
+            value = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        owners.append(p)
+                        grads.append(p.grad)
+            if norm or (grads and hasattr(grads[0], "full_tensor")):  # FSDP2: a collective
+                value = torch.nn.utils.get_total_norm(
+                    [p.grad for p in params if p.grad is not None]
+                )
+        pending = None if value is not None else GradNorm._unmeasured(params, owners, grads, False)
         scale_before = self._scaler.get_scale() if self._scaler.is_enabled() else None
         self._scaler.step(self.optimizer)  # skips the step when a gradient is inf/NaN
         self._scaler.update()
@@ -255,11 +395,19 @@ class MixedPrecisionTrainer:
         if self.last_step_skipped:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        full = getattr(norm, "full_tensor", None)  # FSDP2: a replicated DTensor
-        norm = (full() if callable(full) else norm).detach()
-        if self.last_step_skipped:
-            norm = torch.where(torch.isfinite(norm), torch.full_like(norm, math.inf), norm)
-        return norm
+        if pending is None:
+            assert value is not None
+            return GradNorm(_finish_norm(value, self.last_step_skipped))
+        pending._skipped = self.last_step_skipped
+        if self._unread is not None:
+            self._unread._release()
+        self._unread = pending
+        return pending
+
+    def _drop_unread(self) -> None:
+        assert self._unread is not None
+        self._unread._release()
+        self._unread = None
 
     def state_dict(self) -> dict[str, Any]:
         """Precision, scaler state (scale, growth tracker) and the skipped-step count."""

@@ -612,8 +612,10 @@ def train_one_epoch(
     """One pass over ``loader`` with accumulation, ``no_sync``, AMP and clipping done right.
 
     For each micro-batch ``(x, y)``: forward under ``trainer.autocast()``, ``trainer.backward``
-    inside ``no_sync`` unless it closes an accumulation window, then ``trainer.step`` (which
-    acts only on boundaries) and ``scheduler.step()`` after each optimizer step. Calls
+    inside ``no_sync`` unless it closes an accumulation window, then ``trainer.step_async``
+    (which acts only on boundaries) and ``scheduler.step()`` after each optimizer step. The
+    host never waits for the device inside the epoch: losses and norms add up on the device
+    and are read once at the end. Calls
     ``sampler.set_epoch(epoch)`` first. Trailing micro-batches that cannot fill a whole
     accumulation window are not trained on (their gradient would leak into the next epoch).
 
@@ -629,8 +631,10 @@ def train_one_epoch(
         max_steps: Stop after this many optimizer steps.
 
     Returns:
-        Averaged over ranks: ``loss`` (mean micro-batch loss), ``grad_norm`` (mean over
-        steps), ``lr`` (at the end), and the counts ``steps``, ``skipped_steps`` and
+        Averaged over ranks: ``loss`` (mean micro-batch loss), ``grad_norm`` (mean over the
+        steps whose norm was measured: every step when the trainer clips, which measures them
+        anyway, or when the loader has no ``len()`` and no ``max_steps`` bounds it; otherwise
+        only the last step's), ``lr`` (at the end), and the counts ``steps``, ``skipped_steps`` and
         ``samples`` (per rank).
     """
     if not _set_epoch(loader, epoch) and ctx.is_distributed:
@@ -648,38 +652,53 @@ def train_one_epoch(
     model.train()
     # Running sums stay on the device: a .item() per micro-batch would sync the host.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    norm_sum = 0.0
+    norm_sum = torch.zeros((), dtype=torch.float64, device=device)
+    norms = 0  # norms in norm_sum
+    last_step = None if usable is None else usable // accum  # None: not known in advance
+    if max_steps is not None:
+        last_step = max_steps if last_step is None else min(last_step, max_steps)
     micro_batches = steps = skipped = samples = 0
+    on_cpu = device.type == "cpu"
+    losses: list[torch.Tensor] = []  # folded into loss_sum in chunks: one op per chunk
     for micro, batch in enumerate(loader):
         if usable is not None and micro >= usable:
             break
-        inputs, targets = move_to_device(batch, device)
+        inputs, targets = batch if on_cpu else move_to_device(batch, device)
         boundary = (micro + 1) % accum == 0
-        with gradient_sync(model, enabled=boundary):
+        # The boundary micro-batch syncs as usual: nothing to switch off, nothing to enter.
+        with contextlib.nullcontext() if boundary else gradient_sync(model, enabled=False):
             with trainer.autocast():
                 loss = loss_fn(model(inputs), targets)
             trainer.backward(loss)
-        loss_sum += loss.detach().to(torch.float64)
+        losses.append(loss.detach())
+        if len(losses) == 256:
+            loss_sum += torch.stack(losses).sum(dtype=torch.float64)
+            losses.clear()
         samples += len(inputs)
         micro_batches += 1
-        norm = trainer.step(model.parameters(), micro)
+        # Without clipping, a norm costs a pass over the gradients: measure the last one only.
+        measure = last_step is None or steps + 1 == last_step
+        norm = trainer.step_async(model.parameters(), micro, norm=measure)
         if norm is not None:
             steps += 1
             if trainer.last_step_skipped:
                 skipped += 1
-            else:
-                norm_sum += norm
+            elif norm.computed:
+                norm_sum += norm.tensor().to(norm_sum)
+                norms += 1
             if scheduler is not None:
                 scheduler.step()
             if max_steps is not None and steps >= max_steps:
                 break
+    if losses:
+        loss_sum += torch.stack(losses).sum(dtype=torch.float64)
     if micro_batches % accum:
         # An unfinished window (loader without len()): drop its gradient rather than leak it.
         trainer.optimizer.zero_grad(set_to_none=True)
     metrics = reduce_scalar_dict(
         {
             "loss": loss_sum / max(1, micro_batches),
-            "grad_norm": norm_sum / max(1, steps - skipped),
+            "grad_norm": norm_sum / max(1, norms),
             "steps": steps,
             "skipped_steps": skipped,
             "samples": samples,

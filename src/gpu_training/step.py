@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gpu_training.amp import GradNorm
 from gpu_training.ddp import DistributedContext, move_to_device, reduce_scalar_dict
 from gpu_training.rng import micro_batch_rng
 from gpu_training.tasks import count_scored
@@ -89,7 +90,7 @@ def train_step(
     step: int,
     count_fn: Callable[[Tensor], Tensor] = count_scored,
     check_counts: bool = False,
-) -> tuple[Tensor | None, list[Tensor]]:
+) -> tuple[GradNorm | None, list[Tensor]]:
     """Forward and backward of this rank's micro-batches of one global batch, then the step.
 
     Args:
@@ -108,8 +109,9 @@ def train_step(
             sync; the Trainer does it on its first step).
 
     Returns:
-        ``(grad_norm, losses)``: the strategy's device-side gradient norm (None if the step
-        was skipped by the strategy) and one loss per micro-batch, scaled so that their mean
+        ``(grad_norm, losses)``: the strategy's :class:`~gpu_training.amp.GradNorm` (measured
+        when clipping needs it or when read, before the next step; None if the strategy did
+        not step) and one loss per micro-batch, scaled so that their mean
         over micro-batches and ranks is the global batch's loss.
 
     Raises:
@@ -120,7 +122,7 @@ def train_step(
     on_cpu = device.type == "cpu"
     total_count: Tensor | None = None
     losses: list[Tensor] = []
-    norm: Tensor | None = None
+    norm: GradNorm | None = None
     for micro, batch in enumerate(batches):
         inputs, targets = batch if on_cpu else move_to_device(batch, device)
         with steps.sync(micro), micro_batch_rng(seed, step, first_index + micro, device):

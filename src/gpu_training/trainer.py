@@ -66,7 +66,7 @@ from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everythi
 from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.step import step_batches, sum_and_count, train_step
 from gpu_training.strategy.prepared import Prepared, prepare
-from gpu_training.tasks import Task, count_scored, resolve_task, task_from_imports
+from gpu_training.tasks import Task, build_task, count_scored
 from gpu_training.trackers import tracker_params
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
@@ -99,15 +99,6 @@ class Callback(Protocol):
     def on_checkpoint(self, trainer: Trainer, path: Path | None) -> None: ...
 
     def on_train_end(self, trainer: Trainer, summary: dict[str, float]) -> None: ...
-
-
-def build_task(job: JobConfig) -> Task:
-    """The :class:`~gpu_training.tasks.Task` a job names (built-in or import strings)."""
-    spec = job.task
-    if spec.model is not None and spec.data is not None:
-        return task_from_imports(spec.model, spec.data, spec.loss)
-    assert spec.name is not None  # TaskSpec guarantees a name or both import strings
-    return resolve_task(spec.name, spec.options)
 
 
 def check_job(job: JobConfig, task: Task | None = None) -> Task:
@@ -460,9 +451,13 @@ class Trainer:
                         self.state.step = step
                         watchdog.tick(step)
                         advance()
-                        norms.append(norm)
+                        log_step = step % job.run.log_every == 0 or step == total
+                        # Clipping measures every step's norm anyway; without it only the
+                        # log step's is measured (read before the next forward).
+                        if norm.computed or log_step:
+                            norms.append(norm.tensor())
                         meter.update(samples_per_step, tokens_per_step)
-                        if step % job.run.log_every == 0 or step == total:
+                        if log_step:
                             window_loss = torch.stack(losses).double().mean()
                             metrics = reduce_scalar_dict({"loss": window_loss}, ctx)
                             metrics.update(

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpu_training.amp import resolve_precision
+from gpu_training.amp import GradNorm, resolve_precision
 from gpu_training.config import ConfigError, TrainingConfig, read_config_file
 from gpu_training.ddp import DistributedContext
 from gpu_training.strategy.spec import OFFLOAD_MODES, StrategyError, did_you_mean
@@ -555,9 +555,9 @@ def deepspeed_step_fns(engine: Any) -> StepFns:
         norm = engine.get_global_grad_norm()
         return float(norm) if norm is not None else math.nan
 
-    def step_async(micro_step: int) -> torch.Tensor | None:
+    def step_async(micro_step: int) -> GradNorm | None:
         norm = step(micro_step)  # DeepSpeed has synchronised to compute it already
-        return None if norm is None else torch.tensor(norm, dtype=torch.float64)
+        return None if norm is None else GradNorm(torch.tensor(norm, dtype=torch.float64))
 
     return StepFns(
         sync=sync, autocast=autocast, backward=backward, step=step, step_async=step_async

@@ -31,7 +31,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpu_training.amp import MixedPrecisionTrainer, autocast_dtype, resolve_precision, should_step
+from gpu_training.amp import (
+    GradNorm,
+    MixedPrecisionTrainer,
+    autocast_dtype,
+    resolve_precision,
+    should_step,
+)
 from gpu_training.ddp import DistributedContext, gradient_sync, resolve_device
 from gpu_training.strategy.spec import (
     SHARDINGS,
@@ -491,14 +497,15 @@ class StepFns:
     the micro-batch's mean loss (division by the accumulation steps happens inside), and
     ``step(micro_step)`` steps the optimizer on a boundary, returning the gradient norm
     before clipping, or None off a boundary. ``step_async`` does the same and returns the
-    norm as a 0-d tensor without waiting for the device (read it every N steps).
+    norm as a :class:`~gpu_training.amp.GradNorm` without waiting for the device, measured
+    only if clipping needs it or it is read (read it every N steps, before the next forward).
     """
 
     sync: Callable[[int], contextlib.AbstractContextManager[Any]]
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
     backward: Callable[[torch.Tensor], None]
     step: Callable[[int], float | None]
-    step_async: Callable[[int], torch.Tensor | None]
+    step_async: Callable[[int], GradNorm | None]
 
 
 def step_fns(model: nn.Module, trainer: MixedPrecisionTrainer) -> StepFns:
@@ -518,7 +525,7 @@ def step_fns(model: nn.Module, trainer: MixedPrecisionTrainer) -> StepFns:
     def step(micro_step: int) -> float | None:
         return trainer.step(model.parameters(), micro_step)
 
-    def step_async(micro_step: int) -> torch.Tensor | None:
+    def step_async(micro_step: int) -> GradNorm | None:
         return trainer.step_async(model.parameters(), micro_step)
 
     return StepFns(
