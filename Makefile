@@ -36,7 +36,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 ifeq ($(GPU_PYTHON),)
 test-gpu: $(VENV)/.installed

@@ -25,7 +25,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "data and checkpoints",
-        ("data", "profiling", "checkpoint", "resume", "reporting", "trackers", "step"),
+        (
+            "data",
+            "batch_finder",
+            "profiling",
+            "checkpoint",
+            "resume",
+            "reporting",
+            "trackers",
+            "step",
+        ),
     ),
     (
         "strategies and runtime",

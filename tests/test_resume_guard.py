@@ -251,3 +251,66 @@ def test_resumed_weights_match_the_recorded_settings(finished_run: Path) -> None
         finished_run / "checkpoints" / "step-00000004" / "state.pt", weights_only=True
     )
     assert state["step"] == 4
+
+
+def _loader_states(step_dir: Path) -> list[torch.Tensor]:
+    """Each rank's DataLoader generator state saved in a step directory (any format)."""
+    for name in ("state.pt", "extra.pt"):  # plain: the whole state; DCP: the plain part
+        if (step_dir / name).exists():
+            saved = torch.load(step_dir / name, weights_only=True)
+            return [rank["generators"]["loader"] for rank in saved["rng_states"]]
+    raise AssertionError(f"no state in {step_dir}")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_new_rank_continues_the_loader_generator_of_rank_0_in_every_format(
+    tmp_path: Path, strategy: str
+) -> None:
+    """Saved at 1 rank, resumed at 2: the new rank's loader generator continues from rank 0's
+    (the plain path always did; the sharded one reseeded nothing), so every rank's loader
+    draws the same worker seeds after the resume as in a run that never stopped."""
+    job = tmp_path / "job.yaml"
+    data = _job_dict(tmp_path / "out", max_steps=4)
+    data["strategy"] = {"name": strategy}
+    data["task_options"]["n_layer"] = 2  # FSDP wraps repeated blocks
+    data["checkpoint"] = {"every": 2, "keep_last_n": 5}
+    job.write_text(yaml.safe_dump(data))
+    env_cmd = [sys.executable, "-m", "gpu_training", "train", str(job)]
+    first = subprocess.run(
+        [*env_cmd, "--nproc", "1"], capture_output=True, text=True, timeout=200, cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = subprocess.run(
+        [*env_cmd, "--nproc", "2", "--set", "training.max_steps=8", "--allow-config-change"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=tmp_path,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout + second.stderr
+    states = _loader_states(tmp_path / "out" / "checkpoints" / "step-00000008")
+    assert len(states) == 2
+    assert torch.equal(states[0], states[1]), "rank 1's loader generator did not continue rank 0's"
+
+
+def test_a_sharded_extra_written_before_the_shared_resume_path_still_restores() -> None:
+    """DCP/DeepSpeed checkpoints saved their plain part without ``world_size`` and, without a
+    scaler, without ``amp_state``: restore_run_state takes them as they are."""
+    from gpu_training.data import GlobalBatchSampler
+    from gpu_training.ddp import DistributedContext
+    from gpu_training.resume import capture_run_state, restore_run_state
+
+    ctx = DistributedContext()
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    sampler = GlobalBatchSampler(64, 8, 8, ctx, seed=0)
+    gen = torch.Generator().manual_seed(5)
+    saved = capture_run_state(ctx, step=3, scheduler=sched, sampler=sampler, generators={"g": gen})
+    old = {k: v for k, v in saved.items() if k not in ("world_size", "amp_state")}
+    gen.manual_seed(99)
+    fresh = torch.optim.lr_scheduler.StepLR(opt, 1)
+    assert restore_run_state(old, ctx, scheduler=fresh, sampler=sampler, generators={"g": gen}) == 3
+    assert torch.equal(gen.get_state(), torch.Generator().manual_seed(5).get_state())

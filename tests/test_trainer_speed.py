@@ -96,6 +96,8 @@ def test_without_a_peak_on_cpu_there_is_no_mfu(tmp_path: Path) -> None:
         ("compile", "yes", "field 'run.compile': expected true or false"),
         ("tf32", 1, "field 'run.tf32'"),
         ("peak_tflops", -3, "field 'run.peak_tflops': expected a number > 0"),
+        ("stall_timeout", 0, "field 'run.stall_timeout': expected a number > 0, got 0"),
+        ("stall_timeout", "10s", "field 'run.stall_timeout': expected a number > 0"),
     ],
 )
 def test_bad_speed_fields_are_named(tmp_path: Path, field: str, value: Any, fragment: str) -> None:
@@ -164,15 +166,17 @@ job = JobConfig.from_dict({
                  "precision": "fp32"},
     "strategy": {"name": "none"},
     "run": {"output_dir": sys.argv[1], "progress": False, "plot": False, "tensorboard": False,
-            "eval_every": 100},
+            "eval_every": 100, **({"stall_timeout": 2} if sys.argv[2] == "field" else {})},
 })
 Trainer(job, task=dataclasses.replace(task, loss_fn=slow_loss), quiet=True).fit()
 """
 
 
 @pytest.mark.timeout(60)
-def test_stall_timeout_ends_a_stuck_run_naming_the_step(tmp_path: Path) -> None:
-    """GPU_TRAINING_STALL_TIMEOUT (train --stall-timeout): the Trainer ticks the watchdog."""
+@pytest.mark.parametrize("where", ["field", "env"])
+def test_stall_timeout_ends_a_stuck_run_naming_the_step(tmp_path: Path, where: str) -> None:
+    """run.stall_timeout (train --stall-timeout), or GPU_TRAINING_STALL_TIMEOUT for a job
+    without it: the Trainer ticks the watchdog."""
     import time
 
     from dist_harness import run_python
@@ -181,9 +185,9 @@ def test_stall_timeout_ends_a_stuck_run_naming_the_step(tmp_path: Path) -> None:
     script.write_text(_STALLING_RUN)
     started = time.monotonic()
     proc = run_python(
-        [str(script), str(tmp_path / "out")],
+        [str(script), str(tmp_path / "out"), where],
         timeout=50,
-        env={"GPU_TRAINING_STALL_TIMEOUT": "2"},
+        env={"GPU_TRAINING_STALL_TIMEOUT": "2"} if where == "env" else None,
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-2000:]

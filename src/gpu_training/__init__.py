@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "train_one_epoch": "ddp",
     # amp
     "MixedPrecisionTrainer": "amp",
+    "GradNorm": "amp",
     "needs_grad_scaler": "amp",
     "resolve_precision": "amp",
     "should_step": "amp",
@@ -61,6 +62,8 @@ _EXPORTS: dict[str, str] = {
     "restore_rng_state": "rng",
     "capture_training_state": "resume",
     "restore_training_state": "resume",
+    "capture_run_state": "resume",
+    "restore_run_state": "resume",
     # preemption
     "PreemptionHandler": "preemption",
     "EXIT_PREEMPTED": "preemption",
@@ -112,6 +115,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from gpu_training.amp import (
+        GradNorm,
         MixedPrecisionTrainer,
         needs_grad_scaler,
         resolve_precision,
@@ -172,7 +176,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         profile_steps,
         search_max_batch_size,
     )
-    from gpu_training.resume import capture_training_state, restore_training_state
+    from gpu_training.resume import (
+        capture_run_state,
+        capture_training_state,
+        restore_run_state,
+        restore_training_state,
+    )
     from gpu_training.rng import capture_rng_state, restore_rng_state, seed_everything
     from gpu_training.schedule import linear_warmup_cosine_lr
     from gpu_training.trainer import Trainer

@@ -53,6 +53,7 @@ __all__ = [
     "init_distributed",
     "make_distributed_sampler",
     "move_to_device",
+    "process_group_up",
     "reduce_scalar_dict",
     "resolve_device",
     "train_one_epoch",
@@ -231,8 +232,18 @@ class DistributedContext:
         """
         if exception_in_flight() is not None:
             return
-        if self.is_distributed and dist.is_available() and dist.is_initialized():
+        if self.is_distributed and process_group_up():
             dist.barrier()
+
+
+def process_group_up() -> bool:
+    """Whether the default process group exists (``torch.distributed`` built and initialised).
+
+    Example:
+        >>> process_group_up()  # a single process that never joined a group
+        False
+    """
+    return dist.is_available() and dist.is_initialized()
 
 
 def _cuda_usable(ctx: DistributedContext) -> bool:
@@ -383,7 +394,7 @@ def cleanup_distributed() -> None:
     :data:`~gpu_training.failure.FAILED_TEARDOWN_TIMEOUT_S` seconds, the exception is
     reported and the process exits with code 1. The exception then propagates as usual.
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    if not process_group_up():
         return
     failure = exception_in_flight()
     if failure is not None:
@@ -489,7 +500,7 @@ def reduce_scalar_dict(
                 raise ValueError(f"value {key!r} must be a scalar, got shape {tuple(value.shape)}")
             value = value.detach().reshape(())
         flat.append(value)
-    if not (ctx.is_distributed and dist.is_available() and dist.is_initialized()):
+    if not (ctx.is_distributed and process_group_up()):
         return {k: float(v) for k, v in zip(keys, flat, strict=True)}
     device = _collective_device()
     packed = (

@@ -304,6 +304,12 @@ class RunSpec:
     peak_tflops: float | None = None
     """The accelerator's dense peak, for MFU in the log (default: from the GPU's name)."""
 
+    stall_timeout: float | None = None
+    """Seconds without an optimizer step (or an evaluation or save finishing) after which the
+    watchdog ends the run: every rank's stack dumped, the stalled rank named, exit code 124.
+    ``None``: the ``GPU_TRAINING_STALL_TIMEOUT`` environment variable, else no watchdog.
+    ``train --stall-timeout S`` sets it."""
+
     def __post_init__(self) -> None:
         _check_str("run.output_dir", self.output_dir)
         _check_int("run.log_every", self.log_every, 1)
@@ -315,15 +321,15 @@ class RunSpec:
         self.tensorboard = any(t.name == "tensorboard" for t in self.trackers)
         if self.tf32 is not None:
             _check_bool("run.tf32", self.tf32)
-        if self.peak_tflops is not None and (
-            isinstance(self.peak_tflops, bool)
-            or not isinstance(self.peak_tflops, (int, float))
-            or not self.peak_tflops > 0
-        ):
-            raise ConfigError(
-                f"field 'run.peak_tflops': expected a number > 0, got {self.peak_tflops!r}",
-                "run.peak_tflops",
-            )
+        for name in ("peak_tflops", "stall_timeout"):
+            _check_positive_number(f"run.{name}", getattr(self, name))
+
+
+def _check_positive_number(name: str, value: object) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    ):
+        raise ConfigError(f"field '{name}': expected a number > 0, got {value!r}", name)
 
 
 def _check_trackers(raw: object, *, tensorboard: bool) -> list[TrackerSpec]:

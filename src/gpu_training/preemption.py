@@ -45,7 +45,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from gpu_training.ddp import DistributedContext, cleanup_distributed
+from gpu_training.ddp import DistributedContext, cleanup_distributed, process_group_up
 
 __all__ = ["DEFAULT_SIGNALS", "EXIT_PREEMPTED", "PreemptionHandler", "exit_preempted"]
 
@@ -182,7 +182,7 @@ class PreemptionHandler:
             True if this or any other rank has received one of the signals.
         """
         flag = self.received is not None or self.stopped
-        if self.ctx.is_distributed and dist.is_available() and dist.is_initialized():
+        if self.ctx.is_distributed and process_group_up():
             packed = torch.tensor([int(flag)], dtype=torch.int32, device=_collective_device())
             dist.all_reduce(packed, op=dist.ReduceOp.MAX)
             flag = bool(packed.item())

@@ -37,8 +37,10 @@ from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everythi
 __all__ = [
     "ResumeError",
     "StatefulSampler",
+    "capture_run_state",
     "capture_training_state",
     "check_resumable",
+    "restore_run_state",
     "restore_training_state",
 ]
 
@@ -82,16 +84,41 @@ def capture_training_state(
     Returns:
         A dict of tensors and plain data that loads with ``weights_only=True``.
     """
+    run = capture_run_state(
+        ctx, step=step, scheduler=scheduler, amp=amp, sampler=sampler, generators=generators
+    )
+    return {
+        "step": run.pop("step"),
+        "world_size": run.pop("world_size"),
+        "model_state": unwrap_model(model).state_dict(),
+        "optimizer_state": optimizer.state_dict(),
+        **run,
+        "extra": dict(extra or {}),
+    }
+
+
+def capture_run_state(
+    ctx: DistributedContext,
+    *,
+    step: int,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    amp: MixedPrecisionTrainer | None = None,
+    sampler: StatefulSampler | None = None,
+    generators: Mapping[str, torch.Generator] | None = None,
+) -> dict[str, Any]:
+    """Everything a step depends on but the model and the optimizer: plain data, any format.
+
+    :func:`capture_training_state` is this plus the model and optimizer states; a sharded
+    format (DCP, DeepSpeed) saves those its own way and this beside them. A collective (the
+    RNG states are gathered): call it on every rank.
+    """
     return {
         "step": int(step),
         "world_size": ctx.world_size,
-        "model_state": unwrap_model(model).state_dict(),
-        "optimizer_state": optimizer.state_dict(),
         "scheduler_state": scheduler.state_dict() if scheduler is not None else None,
         "amp_state": amp.state_dict() if amp is not None else None,
         "sampler_state": sampler.state_dict() if sampler is not None else None,
         "rng_states": gather_rng_states(ctx, generators),
-        "extra": dict(extra or {}),
     }
 
 
@@ -120,6 +147,31 @@ def restore_training_state(
     """
     unwrap_model(model).load_state_dict(state["model_state"])
     optimizer.load_state_dict(state["optimizer_state"])
+    return restore_run_state(
+        state, ctx, scheduler=scheduler, amp=amp, sampler=sampler, generators=generators, seed=seed
+    )
+
+
+def restore_run_state(
+    state: Mapping[str, Any],
+    ctx: DistributedContext,
+    *,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    amp: MixedPrecisionTrainer | None = None,
+    sampler: StatefulSampler | None = None,
+    generators: Mapping[str, torch.Generator] | None = None,
+    seed: int = 0,
+) -> int:
+    """Put back what :func:`capture_run_state` saved, on every rank; returns the step.
+
+    The one place that decides how random streams continue, for every checkpoint format: on
+    the saved world size each rank gets its own state back; a rank that has none (the run
+    grew) is reseeded from ``(seed, step, rank)`` and its shared-purpose generators (data
+    loaders) continue from rank 0's.
+
+    Raises:
+        KeyError: When the state lacks something that was asked to be restored.
+    """
     for name, target in (
         ("scheduler_state", scheduler),
         ("amp_state", amp),

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpu_training.ddp import DistributedContext
+from gpu_training.ddp import DistributedContext, process_group_up
 
 __all__ = [
     "capture_rng_state",
@@ -265,7 +265,7 @@ def gather_rng_states(
         On rank 0, one state per rank (index = rank); None on the other ranks.
     """
     local = capture_rng_state(generators)
-    if not (ctx.is_distributed and dist.is_available() and dist.is_initialized()):
+    if not (ctx.is_distributed and process_group_up()):
         return [local]
     nccl = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")

@@ -3,7 +3,7 @@
 :func:`profile_steps` runs a step function under :mod:`torch.profiler` (warm-up steps
 discarded), writes a Chrome/Perfetto trace on the main process and returns it with the top
 operators as a :class:`ProfileResult`; the other ranks run the same steps unprofiled, so
-collectives still match. :mod:`gpu_training.profiling` re-exports both names.
+collectives still match. :mod:`gpu_training.profiling` (the guides' module) re-exports both names.
 """
 
 from __future__ import annotations

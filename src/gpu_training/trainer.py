@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -47,6 +46,7 @@ from gpu_training.ddp import (
     cleanup_distributed,
     init_distributed,
     move_to_device,
+    process_group_up,
     reduce_scalar_dict,
     resolve_device,
     unwrap_model,
@@ -54,19 +54,21 @@ from gpu_training.ddp import (
 from gpu_training.diagnostics.watchdog import StallWatchdog
 from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
-from gpu_training.profiling import ThroughputMeter
 from gpu_training.reporting import MetricsWriter, plot_metrics
 from gpu_training.resume import (
     ResumeError,
+    capture_run_state,
     capture_training_state,
     check_resumable,
+    restore_run_state,
     restore_training_state,
 )
-from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
+from gpu_training.rng import seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.step import step_batches, sum_and_count, train_step
 from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, build_task, count_scored
+from gpu_training.throughput import ThroughputMeter
 from gpu_training.trackers import tracker_params
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
@@ -316,7 +318,7 @@ class Trainer:
             task's reference loss, NaN if none), ``seconds`` and ``preempted`` (1.0 if a
             signal stopped the run).
         """
-        owns_group = not (dist.is_available() and dist.is_initialized())
+        owns_group = not process_group_up()
         self.ctx = init_distributed()
         try:
             return self._fit()
@@ -421,7 +423,7 @@ class Trainer:
             with (
                 PreemptionHandler(ctx=ctx) as preemption,
                 self._progress(total, step) as advance,
-                StallWatchdog.from_env(ctx) as watchdog,  # GPU_TRAINING_STALL_TIMEOUT seconds
+                self._watchdog(ctx) as watchdog,
             ):
                 # Device-side values, read once per log window: no host sync per step.
                 losses: list[torch.Tensor] = []  # micro-batch losses of the log window
@@ -600,23 +602,27 @@ class Trainer:
                 generators=run.generators,
                 seed=self.config.seed,
             )
-        # model and optimizer come back through their own format; the rest is plain
+        # model and optimizer come back through their own format; the rest is plain, and
+        # comes back through the same function as for the plain format
         if run.kind == "deepspeed":
             extra = ckpt.load_deepspeed(run.engine, chosen)
         else:
             extra = ckpt.load_sharded(run.model, run.optimizer, chosen)
         self._tracker_runs = dict(extra.get("trackers") or {})
-        step = int(extra["step"])
-        run.scheduler.load_state_dict(extra["scheduler_state"])
-        if run.amp is not None:
-            run.amp.load_state_dict(extra["amp_state"])
-        run.sampler.load_state_dict(extra["sampler_state"])
-        rng = extra.get("rng_states") or []
-        if self.ctx.rank < len(rng):
-            restore_rng_state(rng[self.ctx.rank], run.generators)
-        else:
-            seed_everything(self.config.seed + 1_000_003 * step, rank=self.ctx.rank)
-        return step
+        return restore_run_state(
+            extra,
+            self.ctx,
+            scheduler=run.scheduler,
+            amp=run.amp,
+            sampler=run.sampler,
+            generators=run.generators,
+            seed=self.config.seed,
+        )
+
+    def _watchdog(self, ctx: DistributedContext) -> StallWatchdog:
+        """``run.stall_timeout``, else ``GPU_TRAINING_STALL_TIMEOUT``, else none."""
+        timeout = self.job.run.stall_timeout
+        return StallWatchdog.from_env(ctx) if timeout is None else StallWatchdog(timeout, ctx=ctx)
 
     def _task_extra(self, model: nn.Module) -> dict[str, Any]:
         """What the task puts in every checkpoint (a Hugging Face model: what export needs)."""
@@ -646,14 +652,16 @@ class Trainer:
             return ckpt.save(state, step=step)
         extra: dict[str, Any] = {
             **self._task_extra(run.model),
-            "step": step,
-            "scheduler_state": run.scheduler.state_dict(),
-            "sampler_state": run.sampler.state_dict(),
-            "rng_states": gather_rng_states(self.ctx, run.generators),
+            **capture_run_state(
+                self.ctx,
+                step=step,
+                scheduler=run.scheduler,
+                amp=run.amp,
+                sampler=run.sampler,
+                generators=run.generators,
+            ),
             "trackers": self._tracker_runs,
         }
-        if run.amp is not None:
-            extra["amp_state"] = run.amp.state_dict()
         if run.kind == "deepspeed":
             return ckpt.save_deepspeed(run.engine, step, extra=extra)
         return ckpt.save_sharded(run.model, run.optimizer, step, extra=extra)

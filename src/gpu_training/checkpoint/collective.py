@@ -66,7 +66,7 @@ from gpu_training.checkpoint.files import (
     build_manifest,
 )
 from gpu_training.checkpoint.offline import state_format
-from gpu_training.ddp import DistributedContext
+from gpu_training.ddp import DistributedContext, process_group_up
 
 if TYPE_CHECKING:
     from gpu_training.checkpoint.manager import CheckpointManager
@@ -133,7 +133,7 @@ class _Attempt:
 def _distributed(ctx: DistributedContext) -> bool:
     if not ctx.is_distributed:
         return False
-    if not (dist.is_available() and dist.is_initialized()):
+    if not process_group_up():
         raise CheckpointError(
             f"rank {ctx.rank} of {ctx.world_size}: sharded checkpoints need the process group; "
             "call init_distributed() first"

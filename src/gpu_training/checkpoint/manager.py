@@ -71,7 +71,7 @@ from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 from gpu_training.checkpoint.offline import Resumable, find_resumable
 from gpu_training.checkpoint.safe_load import refused_message
 from gpu_training.checkpoint.snapshot import _Buffers, _Snapshot, snapshot_state
-from gpu_training.ddp import DistributedContext
+from gpu_training.ddp import DistributedContext, process_group_up
 
 try:  # POSIX only: without it a writer's temporary directory is not protected by a lock
     import fcntl
@@ -602,7 +602,7 @@ class CheckpointManager:
         This collective is also the barrier: no rank returns from save() before rank 0 has
         finished writing, and a failure on rank 0 reaches the ranks instead of hanging them.
         """
-        if not (self.ctx.is_distributed and dist.is_available() and dist.is_initialized()):
+        if not (self.ctx.is_distributed and process_group_up()):
             return message
         status = torch.zeros(_STATUS_BYTES, dtype=torch.uint8)
         if self.ctx.is_main_process and message is not None:

@@ -32,8 +32,8 @@ from gpu_training.commands._sizing_inputs import (
 )
 
 if TYPE_CHECKING:
+    from gpu_training.batch_finder import BatchSearchResult
     from gpu_training.job import JobConfig
-    from gpu_training.profiling import BatchSearchResult
 
 __all__ = ["register"]
 
@@ -117,8 +117,8 @@ def _run_find_batch(args: argparse.Namespace) -> int:
     make_batch = batch_factory(train_set, "find-batch")
     if args.gpu_memory is not None:
         return _find_by_estimate(args, job, task, make_batch)
+    from gpu_training.batch_finder import BatchSizeError, make_fits, search_max_batch_size
     from gpu_training.ddp import cleanup_distributed, init_distributed, resolve_device
-    from gpu_training.profiling import BatchSizeError, make_fits, search_max_batch_size
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("find-batch: --device cuda, but CUDA is not available")
@@ -188,7 +188,7 @@ def _for_job(
     world_size: int,
 ) -> dict[str, Any] | None:
     """The search's answer for a job with a global batch: per-device, accumulation, command."""
-    from gpu_training.profiling import per_device_batch_for_share
+    from gpu_training.batch_finder import per_device_batch_for_share
 
     if share is None:
         return None
@@ -225,9 +225,9 @@ def _find_by_estimate(
 ) -> int:
     import torch
 
+    from gpu_training.batch_finder import BatchSizeError, search_max_batch_size
     from gpu_training.cli import UsageError
     from gpu_training.memory import MemoryBudgetError, format_bytes, profile_memory
-    from gpu_training.profiling import BatchSizeError, search_max_batch_size
 
     spec = job.strategy
     share = _per_rank_share(job, args.gpus)

@@ -392,14 +392,14 @@ class _Batch:
 def _plan_batch(
     subject: _Subject, args: argparse.Namespace, layout: str, checkpointing: bool
 ) -> _Batch:
-    from gpu_training.cli import UsageError
-    from gpu_training.config import global_batch_split_message
-    from gpu_training.profiling import (
+    from gpu_training.batch_finder import (
         BatchSizeError,
         margin_ceiling,
         per_device_batch_for_share,
         search_max_batch_size,
     )
+    from gpu_training.cli import UsageError
+    from gpu_training.config import global_batch_split_message
 
     n = args.gpus
     margin = args.safety_margin

@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=positive_int,
         metavar="S",
         help="end the run after S seconds without a step, naming the stalled rank and "
-        "dumping every rank's stack (default: no watchdog)",
+        "dumping every rank's stack (sets run.stall_timeout; default: no watchdog)",
     )
     parser.add_argument(
         "--allow-config-change",
@@ -168,8 +168,8 @@ def _run_train(args: argparse.Namespace) -> int:
     # Through the environment: torchrun's workers inherit it (and a relaunch keeps it).
     if args.debug:
         os.environ["GPU_TRAINING_DEBUG"] = "1"
-    if args.stall_timeout:
-        os.environ["GPU_TRAINING_STALL_TIMEOUT"] = str(args.stall_timeout)
+    if args.stall_timeout:  # a job field: an override, so torchrun's workers get it too
+        args.overrides = [*args.overrides, f"run.stall_timeout={args.stall_timeout}"]
     if args.allow_config_change:
         os.environ[_ALLOW_CHANGE_ENV] = "1"
     if args.trust_checkpoint:

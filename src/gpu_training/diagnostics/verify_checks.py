@@ -37,7 +37,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpu_training.ddp import DistributedContext, gradient_sync, move_to_device, unwrap_model
+from gpu_training.ddp import (
+    DistributedContext,
+    gradient_sync,
+    move_to_device,
+    process_group_up,
+    unwrap_model,
+)
 
 if TYPE_CHECKING:  # the run's types are built by verify_setup, which imports this module
     from gpu_training.diagnostics.verify import VerifyModels, VerifyPlan
@@ -79,7 +85,7 @@ class CheckResult:
 
 
 def _distributed(ctx: DistributedContext) -> bool:
-    return ctx.is_distributed and dist.is_available() and dist.is_initialized()
+    return ctx.is_distributed and process_group_up()
 
 
 def _gather(obj: Any, ctx: DistributedContext) -> list[Any]:

@@ -38,7 +38,7 @@ from gpu_training.amp import (
     resolve_precision,
     should_step,
 )
-from gpu_training.ddp import DistributedContext, gradient_sync, resolve_device
+from gpu_training.ddp import DistributedContext, gradient_sync, process_group_up, resolve_device
 from gpu_training.strategy.spec import (
     SHARDINGS,
     StrategyConfig,
@@ -444,7 +444,7 @@ def wrap_model(
     names = block_classes if block_classes is not None else spec.block_classes
     # Looked up (and checked) even where unused, so a typo fails on 1 rank as on 64.
     blocks = _blocks(model, names) if checkpointing or spec.name == "fsdp" else []
-    grouped = dist.is_available() and dist.is_initialized()
+    grouped = process_group_up()
     if ctx.is_distributed and not grouped and spec.name != "none":
         raise RuntimeError(
             f"strategy {spec.name!r} on {ctx.world_size} ranks needs the process group: "
