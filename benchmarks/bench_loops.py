@@ -356,7 +356,7 @@ def all_ranks_sum(value: float, world: int) -> float:
 # --- one rank, every round --------------------------------------------------------------------
 
 
-def worker(rounds: int, quick: bool, out: Path) -> None:
+def worker(rounds: int, quick: bool, out: Path, workloads: tuple[str, ...] = WORKLOADS) -> None:
     ctx = init_distributed()
     plans = QUICK_PLANS if quick else PLANS
     tasks = build_tasks(plans)
@@ -364,7 +364,7 @@ def worker(rounds: int, quick: bool, out: Path) -> None:
     records: list[dict[str, Any]] = []
     try:
         for index in range(rounds):
-            for workload in WORKLOADS:
+            for workload in workloads:
                 shift = index % len(loops)  # rotate: no loop always runs after the same one
                 for kind in loops[shift:] + loops[:shift]:
                     gc.collect()
@@ -394,14 +394,16 @@ def worker(rounds: int, quick: bool, out: Path) -> None:
         cleanup_distributed()
 
 
-def launch(world: int, rounds: int, quick: bool, timeout: float) -> dict[str, Any]:
+def launch(
+    world: int, rounds: int, quick: bool, timeout: float, workloads: tuple[str, ...] = WORKLOADS
+) -> dict[str, Any]:
     """Runs :func:`worker` on ``world`` ranks under torchrun; returns rank 0's records."""
     with tempfile.TemporaryDirectory(prefix="bench-loops-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={world}", str(Path(__file__).resolve()),
-            "--worker", "--rounds", str(rounds), "--out", str(out),
+            "--worker", "--rounds", str(rounds), "--out", str(out), "--workloads", *workloads,
         ] + (["--quick"] if quick else [])  # fmt: skip
         env = dict(os.environ, OMP_NUM_THREADS="1")  # N ranks on few cores
         env["PYTHONPATH"] = os.pathsep.join(
@@ -431,6 +433,8 @@ def summarise(world: int, run: dict[str, Any], max_foreign: float) -> list[dict[
     rows = []
     for workload in WORKLOADS:
         recs = [r for r in run["records"] if r["workload"] == workload]
+        if not recs:  # not measured in this run (--workloads)
+            continue
         by_round: dict[int, dict[str, dict[str, Any]]] = {}
         for r in recs:
             by_round.setdefault(r["round"], {})[r["kind"]] = r
@@ -465,6 +469,8 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for workload in WORKLOADS:
         for world in WORLD_SIZES:
+            if not any(r["workload"] == workload and r["ranks"] == world for r in rows):
+                continue
             of = {
                 r["kind"]: r["ratio"]
                 for r in rows
@@ -491,13 +497,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/loops.json")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per world size")
+    parser.add_argument(
+        "--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS), help="what to train"
+    )
+    parser.add_argument(
+        "--ranks", nargs="+", type=int, choices=WORLD_SIZES, default=list(WORLD_SIZES),
+        help="world sizes to measure",
+    )  # fmt: skip
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (2 if args.quick else 6)
     if args.worker:
         assert args.out is not None
-        worker(rounds, args.quick, args.out)
+        worker(rounds, args.quick, args.out, tuple(args.workloads))
         return 0
     if rounds < 5 and not args.quick:
         parser.error("--rounds must be >= 5 (or use --quick)")
@@ -506,8 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     rows = [
         row
-        for w in WORLD_SIZES
-        for row in summarise(w, launch(w, rounds, args.quick, args.timeout), args.max_foreign)
+        for w in args.ranks
+        for row in summarise(
+            w, launch(w, rounds, args.quick, args.timeout, tuple(args.workloads)), args.max_foreign
+        )
     ]
     load_after = os.getloadavg()
     print(
