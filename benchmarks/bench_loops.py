@@ -23,7 +23,8 @@ step on one core) and a tiny MLP (~0.5 ms a step, where a fixed per-step cost sh
 
 A step's time is taken at the same point of every iteration (the loss function records
 ``time.perf_counter()``), from the end of the warm-up to the last step. A *round* runs every
-loop once, in an order rotated from round to round; each loop's ratio to ``plain`` is taken
+loop once, in a seeded random order drawn afresh each round (a rotation would leave
+each loop always right after the same one); each loop's ratio to ``plain`` is taken
 within its round, and the table gives the median over rounds and the range. The foreign CPU
 load during each run is recorded: the machine's busy time (``/proc/stat``, steal included)
 minus the CPU time of every rank of the benchmark, per second of the run. A round in which
@@ -44,6 +45,7 @@ import gc
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
@@ -365,8 +367,9 @@ def worker(rounds: int, quick: bool, out: Path, workloads: tuple[str, ...] = WOR
     try:
         for index in range(rounds):
             for workload in workloads:
-                shift = index % len(loops)  # rotate: no loop always runs after the same one
-                for kind in loops[shift:] + loops[:shift]:
+                # A fresh order each round, the same on every rank (seeded by the round): a
+                # rotation would leave each loop always right after the same one.
+                for kind in random.Random(index).sample(loops, len(loops)):
                     gc.collect()
                     if ctx.is_distributed:
                         dist.barrier()  # every rank starts the run together
