@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # runs from a checkout without an install
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_trainer import StepClock, mlp_task  # noqa: E402
+from bench_trainer import Plan, StepClock, job_for, mlp_task  # noqa: E402
 
 from gpu_training.amp import MixedPrecisionTrainer  # noqa: E402
 from gpu_training.ddp import (  # noqa: E402
@@ -94,16 +94,6 @@ WORLD_SIZES = (1, 2)
 TRANSFORMER = {"n_layer": 4, "n_embd": 192, "n_head": 4, "block_size": 128, "dropout": 0.0}
 SEED = 0
 LR = 1e-3
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One run of one workload: the global batch is the same on 1 and 2 ranks."""
-
-    steps: int
-    warmup: int
-    global_batch: int
-    log_every: int
 
 
 PLANS = {
@@ -237,33 +227,11 @@ def run_train_one_epoch(task: Task, plan: Plan, world: int) -> StepClock:
 def run_trainer(task: Task, plan: Plan, world: int) -> StepClock:
     clock = StepClock(task.loss_fn)
     with tempfile.TemporaryDirectory(prefix="bench-loops-") as out_dir:
-        job = JobConfig.from_dict(
-            {
-                "task": "charlm",  # replaced by the Task given to the Trainer
-                "training": {
-                    "global_batch_size": plan.global_batch,
-                    "per_device_batch_size": plan.global_batch // world,
-                    "max_steps": plan.steps,
-                    "learning_rate": LR,
-                    "warmup_steps": 2,
-                    "precision": "fp32",
-                    "max_grad_norm": None,
-                    "weight_decay": 0.01,
-                    "seed": SEED,
-                },
-                "strategy": {"name": "ddp" if world > 1 else "none"},
-                "checkpoint": {"every": plan.steps + 1, "resume": False, "keep_last_n": 1},
-                "run": {
-                    "output_dir": out_dir,
-                    "log_every": plan.log_every,
-                    "eval_every": plan.steps + 1,
-                    "eval_batches": 1,
-                    "progress": False,
-                    "plot": False,
-                    "tensorboard": False,
-                },
-            }
-        )
+        # bench_trainer's job (AdamW 1e-3, weight decay 0.01, 2 warm-up steps, seed 0,
+        # evaluation and plots off), without clipping: nobody asks for a norm here
+        data = job_for("mlp", plan, world, out_dir).to_dict()
+        data["training"]["max_grad_norm"] = None
+        job = JobConfig.from_dict(data)
         Trainer(job, task=replace(task, loss_fn=clock), quiet=True).fit()
     return clock
 

@@ -54,16 +54,7 @@ def cross_entropy_sum(outputs: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
         >>> int(count), round(float(total / count), 4)
         (2, 1.3863)
     """
-    logits = outputs
-    if not isinstance(outputs, Tensor):  # a Hugging Face ModelOutput, or a dict, with logits
-        found = outputs.get("logits") if isinstance(outputs, Mapping) else None
-        logits = found if found is not None else getattr(outputs, "logits", None)
-        if not isinstance(logits, Tensor):
-            raise TypeError(
-                f"cross_entropy_sum: the model returned {_a_type(outputs)} with no logits "
-                "tensor: return logits (or an object with .logits), or pass a loss "
-                "(task.loss, --loss pkg.mod:fn(outputs, targets))"
-            )
+    logits = _logits(outputs, "cross_entropy_sum")
     if logits.dim() == 3:
         logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
     total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
@@ -106,16 +97,22 @@ def cross_entropy_loss(outputs: Any, targets: Tensor) -> Tensor:
         >>> round(cross_entropy_loss(output, torch.zeros(2).long()).item(), 4)
         1.3863
     """
-    logits = outputs
-    if not isinstance(outputs, Tensor):  # a Hugging Face ModelOutput, or a dict, with logits
-        found = outputs.get("logits") if isinstance(outputs, Mapping) else None
-        logits = found if found is not None else getattr(outputs, "logits", None)
-        if not isinstance(logits, Tensor):
-            raise TypeError(
-                f"cross_entropy_loss: the model returned {_a_type(outputs)} with no logits "
-                "tensor: return logits (or an object with .logits), or pass a loss "
-                "(task.loss, --loss pkg.mod:fn(outputs, targets))"
-            )
+    logits = _logits(outputs, "cross_entropy_loss")
     if logits.dim() == 3:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
     return F.cross_entropy(logits, targets)
+
+
+def _logits(outputs: Any, loss: str) -> Tensor:
+    """The logits tensor of a model's output: a tensor, a mapping or an object with ``logits``."""
+    if isinstance(outputs, Tensor):
+        return outputs
+    found = outputs.get("logits") if isinstance(outputs, Mapping) else None  # a dict
+    logits = found if found is not None else getattr(outputs, "logits", None)  # a ModelOutput
+    if not isinstance(logits, Tensor):
+        raise TypeError(
+            f"{loss}: the model returned {_a_type(outputs)} with no logits tensor: return "
+            "logits (or an object with .logits), or pass a loss "
+            "(task.loss, --loss pkg.mod:fn(outputs, targets))"
+        )
+    return logits
