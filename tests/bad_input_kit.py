@@ -235,9 +235,9 @@ def poison_pt(file: Path, marker: Path) -> None:
 
 def poison_metadata(step_dir: Path, marker: Path) -> None:
     """DCP's ``.metadata`` (a raw pickle, not ``torch.save``) with a :class:`Payload` in it."""
-    from gpu_training.checkpoint.dcp_read import _read_metadata
+    from gpu_training.checkpoint.dcp_read import read_dcp_metadata
 
-    metadata = _read_metadata(step_dir / ".metadata")
+    metadata = read_dcp_metadata(step_dir / ".metadata")
     metadata.planner_data = {"payload": Payload(marker)}
     (step_dir / ".metadata").write_bytes(pickle.dumps(metadata))
 
@@ -254,9 +254,9 @@ def poison_distcp(step_dir: Path, name: str, marker: Path) -> str:
     import torch
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from gpu_training.checkpoint.dcp_read import _read_metadata
+    from gpu_training.checkpoint.dcp_read import read_dcp_metadata
 
-    metadata = _read_metadata(step_dir / ".metadata")
+    metadata = read_dcp_metadata(step_dir / ".metadata")
     fqn = next(
         k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)
     )
@@ -279,9 +279,9 @@ def poison_distcp(step_dir: Path, name: str, marker: Path) -> str:
 
 def redirect_distcp(step_dir: Path, name: str, target: str) -> None:
     """Points every value DCP's ``.metadata`` stores in ``name`` at the path ``target``."""
-    from gpu_training.checkpoint.dcp_read import _read_metadata
+    from gpu_training.checkpoint.dcp_read import read_dcp_metadata
 
-    metadata = _read_metadata(step_dir / ".metadata")
+    metadata = read_dcp_metadata(step_dir / ".metadata")
     assert metadata.storage_data is not None
     for index, info in list(metadata.storage_data.items()):
         if str(info.relative_path) == name:

@@ -229,7 +229,7 @@ def test_the_payloads_are_real(sandbox: Sandbox) -> None:
 
     import torch
 
-    from gpu_training.checkpoint.dcp_read import _read_metadata
+    from gpu_training.checkpoint.dcp_read import read_dcp_metadata
 
     shutil.copytree(sandbox.source_run("dcp") / "checkpoints" / STEPS[-1], sandbox.root / "s")
     step = sandbox.root / "s"
@@ -239,7 +239,7 @@ def test_the_payloads_are_real(sandbox: Sandbox) -> None:
     sandbox.marker.unlink()
 
     fqn = poison_distcp(step, "__0_0.distcp", sandbox.marker)
-    metadata = _read_metadata(step / ".metadata")
+    metadata = read_dcp_metadata(step / ".metadata")
     info = next(v for k, v in (metadata.storage_data or {}).items() if k.fqn == fqn)
     with open(step / info.relative_path, "rb") as f:
         f.seek(info.offset)

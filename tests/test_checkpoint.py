@@ -577,10 +577,10 @@ def test_directory_fsync_comes_before_any_old_checkpoint_is_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rename's durability is deferred, but never past the removal of an older one."""
-    import gpu_training.checkpoint.manager as manager_module
+    import gpu_training.checkpoint.directory as directory_module
 
     events: list[str] = []
-    real_fsync_dir, real_rmtree = manager_module._fsync_dir, manager_module.shutil.rmtree
+    real_fsync_dir, real_rmtree = directory_module.fsync_dir, directory_module.shutil.rmtree
 
     def fsync_dir(path: Path) -> None:
         if Path(path) == tmp_path / "ck":
@@ -592,8 +592,8 @@ def test_directory_fsync_comes_before_any_old_checkpoint_is_removed(
             events.append("remove old")
         real_rmtree(path, *args, **kwargs)
 
-    monkeypatch.setattr(manager_module, "_fsync_dir", fsync_dir)
-    monkeypatch.setattr(manager_module.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(directory_module, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(directory_module.shutil, "rmtree", rmtree)
     ckpt = CheckpointManager(tmp_path / "ck", ctx=DistributedContext(), keep_last_n=1)
     ckpt.save({"w": torch.ones(2)}, step=1)
     assert "fsync checkpoint dir" not in events  # deferred: nothing depends on it yet

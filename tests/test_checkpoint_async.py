@@ -210,11 +210,11 @@ def test_consecutive_async_saves_refill_the_host_buffers_safely(tmp_path: Path) 
     pointers = []
     for step, state in enumerate(states):
         ckpt.save(state, step=step, async_save=True)
-        pointers.append({s.data_ptr() for group in ckpt._staging.values() for s in group})
+        pointers.append({s.data_ptr() for group in ckpt._plain._staging.values() for s in group})
     ckpt.close()
     assert pointers[1] == pointers[0] and pointers[2] == pointers[0]  # the same buffers...
     assert len(pointers[3] & pointers[0]) == 1  # ...but only where the sizes still match
-    assert ckpt._staging == {}  # close() lets them go
+    assert ckpt._plain._staging == {}  # close() lets them go
     for step, state in enumerate(states):
         _assert_same(ckpt.load(step), state)  # each write was over before its buffers refilled
 

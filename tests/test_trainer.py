@@ -241,7 +241,7 @@ def test_deepspeed_job_without_the_extra_names_it(
 
     from gpu_training.job import load_job
     from gpu_training.strategy import StrategyError
-    from gpu_training.trainer import _check_deepspeed_job
+    from gpu_training.trainer import check_job
 
     config, _ = _write_job(tmp_path, strategy__name="deepspeed")
     job = load_job(config)
@@ -252,7 +252,7 @@ def test_deepspeed_job_without_the_extra_names_it(
         lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a),
     )
     with pytest.raises(StrategyError, match=r"'strategy.name'.*gpu-training\[deepspeed\]"):
-        _check_deepspeed_job(job)
+        check_job(job)
 
 
 def test_fsdp_job_saves_sharded_and_resumes(tmp_path: Path) -> None:

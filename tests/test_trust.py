@@ -33,7 +33,7 @@ from gpu_training.checkpoint import (
     verify_checkpoints,
 )
 from gpu_training.checkpoint.collective import save_directory
-from gpu_training.checkpoint.files import _file_checksum
+from gpu_training.checkpoint.files import file_checksum
 from gpu_training.checkpoint.safe_load import check_pickles, refused_message, weights_only_loads
 from gpu_training.ddp import DistributedContext
 
@@ -55,7 +55,7 @@ def _relist(step_dir: Path, name: str) -> None:
     """Makes the manifest vouch for ``name`` as it is now (an attacker writes manifests too)."""
     manifest = json.loads((step_dir / "manifest.json").read_text())
     file = step_dir / name
-    entry = {"name": name, "size": file.stat().st_size, "checksum": _file_checksum(file)}
+    entry = {"name": name, "size": file.stat().st_size, "checksum": file_checksum(file)}
     manifest["files"] = [e for e in manifest["files"] if e["name"] != name] + [entry]
     (step_dir / "manifest.json").write_text(json.dumps(manifest))
 
@@ -154,7 +154,7 @@ def test_a_file_the_manifest_does_not_list_fails_a_multi_file_checkpoint(tmp_pat
         torch.save({"w": torch.ones(1)}, tmp / "mp_rank_00_model_states.pt")
         return {"mp_rank_00_model_states.pt"}
 
-    step_dir = save_directory(manager, 3, write, "deepspeed", extra={"step": 3})
+    step_dir = save_directory(manager.store, manager.ctx, 3, write, "deepspeed", extra={"step": 3})
     assert step_dir is not None and verify_checkpoints(step_dir)[step_dir] == []
     # DeepSpeed's readers glob *_optim_states.pt: a planted file would be read unverified
     _evil_file(step_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt", tmp_path / "ran")

@@ -20,8 +20,9 @@ paths apart and end the failing one fast:
   culprit exit first (and stops the victim itself);
 * :func:`exit_if_stuck` — a deadline for teardown: past it, the exception is reported and the
   process ends with ``os._exit(1)``. Destroying a gloo group waits for this rank's unfinished
-  collectives, which a peer blocked elsewhere never completes (measured: 14.7 s, until that
-  peer exited by itself), and the peer in turn waits for this rank to exit.
+  collectives, which a peer blocked elsewhere never completes (it waited until that peer
+  exited by itself: benchmarks/README.md, "Traps"), and the peer in turn waits for this rank
+  to exit.
 
 No torch import: :mod:`gpu_training.ddp` and the diagnostics build on it.
 
@@ -153,7 +154,7 @@ def let_culprit_be_seen(exc: BaseException) -> None:
 
     torchrun names as "Root Cause" the earliest record among the ranks it has seen exit; a
     rank that was SIGKILLed writes none, and is dated when torchrun notices it, which a busy
-    machine delays past the victim's own record (measured: the victim named, 1 cell in 63).
+    machine delays past the victim's own record (seen in the fault matrix: the victim named).
     Still alive, the victim is not among the failures at all: torchrun stops it with
     ``SIGTERM`` as soon as it sees the culprit, so this costs no time.
 
@@ -307,8 +308,8 @@ def exit_if_stuck(exc: BaseException, timeout: float = FAILED_TEARDOWN_TIMEOUT_S
     seconds, report ``exc`` and end the process (:func:`report_and_exit`).
 
     The deadline is a daemon thread: the block may hold native locks, but the blocking
-    teardown calls of torch release the GIL (measured: a Python thread ran throughout a
-    14.7 s ``destroy_process_group()``).
+    teardown calls of torch release the GIL (a Python thread ran throughout a blocked
+    ``destroy_process_group()``).
 
     Args:
         exc: The exception the rank is failing with.

@@ -173,8 +173,8 @@ class PreemptionHandler:
         """Whether any rank was signalled; the same answer on every rank.
 
         Call it at a step boundary, on every rank, the same number of times: in a
-        distributed job it is a collective (one all-reduce MAX of a 1-element tensor: about
-        0.4 ms for 2 gloo ranks on a loaded 2-core VM), so a signal delivered to a single rank
+        distributed job it is a collective (one all-reduce MAX of a 1-element tensor, well under
+        a millisecond on gloo: benchmarks/README.md), so a signal delivered to a single rank
         stops every rank after the same step. To pay it less often, call it every N steps,
         the same N on every rank. Once True it stays True (and sets :attr:`stopped`).
 

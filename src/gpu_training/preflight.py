@@ -4,7 +4,7 @@ A job that cannot run should say so in one line, at once — not after torchrun 
 every rank, not after an hour of training at the first save. :func:`check_launch` runs the
 checks that need no process group:
 
-- the task, its options and the strategy's options (:func:`~gpu_training.trainer.check_job`),
+- the task, its options and the strategy's options (:func:`~gpu_training.strategy.check_job`),
   and for the built-in task the data: the training set holds a global batch;
 - the global batch splits over the requested number of ranks;
 - the checkpoint and output directories can be written (a probe file is created and removed;
@@ -51,8 +51,8 @@ from gpu_training.checkpoint import (
 from gpu_training.config import ConfigError
 from gpu_training.job import JobConfig
 from gpu_training.resume import ResumeError, check_resumable
+from gpu_training.strategy.job_check import check_job
 from gpu_training.tasks import BUILTIN_TASKS, Task
-from gpu_training.trainer import check_job
 
 __all__ = ["check_launch", "check_writable"]
 
@@ -200,9 +200,9 @@ def _saved_shapes(step_dir: Path, manifest: dict[str, Any]) -> dict[str, tuple[i
     if fmt == "dcp":
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        from gpu_training.checkpoint.dcp_read import _read_metadata
+        from gpu_training.checkpoint.dcp_read import read_dcp_metadata
 
-        metadata = _read_metadata(step_dir / ".metadata")
+        metadata = read_dcp_metadata(step_dir / ".metadata")
         return {
             fqn.removeprefix("model."): tuple(meta.size)
             for fqn, meta in metadata.state_dict_metadata.items()

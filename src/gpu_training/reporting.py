@@ -5,7 +5,8 @@ Only rank 0 reports. :class:`MetricsWriter` appends one JSON object per event to
 it resumed from, so every step appears once), mirrors scalars to TensorBoard
 when the ``tensorboard`` extra is installed and to the experiment trackers of
 ``run.trackers`` (:mod:`gpu_training.trackers`: W&B, MLflow), and :func:`plot_metrics` draws
-loss and throughput curves to a PNG with the ``plot`` extra.
+loss and throughput curves to a PNG with the ``plot`` extra. :func:`log_line` is the console
+line of a log step, :func:`progress_bar` the bar shown on a terminal.
 
 Example:
     >>> import tempfile, pathlib
@@ -18,11 +19,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -31,7 +33,47 @@ if TYPE_CHECKING:
     from gpu_training.job import TrackerSpec
     from gpu_training.trackers import TrackerSet
 
-__all__ = ["MetricsWriter", "plot_metrics", "read_metrics"]
+__all__ = ["MetricsWriter", "log_line", "plot_metrics", "progress_bar", "read_metrics"]
+
+
+def log_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
+    """The console line of a log step: loss, learning rate, gradient norm, throughput, MFU.
+
+    Args:
+        step: Optimizer steps done.
+        total: Steps of the run.
+        metrics: ``loss``, ``lr``, ``grad_norm``, ``global_samples_per_s``, ``tokens_per_s``
+            (with ``global_tokens_per_s`` when non-zero) and optionally ``mfu``.
+
+    Example:
+        >>> log_line(10, 100, {"loss": 2.5, "lr": 1e-3, "grad_norm": 0.5,
+        ...                    "global_samples_per_s": 640.0, "tokens_per_s": 0.0})
+        'step 10/100 | loss 2.5000 | lr 1.00e-03 | grad_norm 0.500 | 640 samples/s'
+    """
+    return (
+        f"step {step}/{total} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
+        f"grad_norm {metrics['grad_norm']:.3f} | "
+        f"{metrics['global_samples_per_s']:.0f} samples/s"
+        + (f" | {metrics['global_tokens_per_s']:.0f} tok/s" if metrics["tokens_per_s"] else "")
+        + (f" | MFU {metrics['mfu']:.1%}" if "mfu" in metrics else "")
+    )
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, start: int, *, enabled: bool) -> Iterator[Callable[[], None]]:
+    """A transient rich progress bar when ``enabled`` and attached to a terminal.
+
+    Yields:
+        A function that advances the bar by one step (a no-op without a bar).
+    """
+    if not (enabled and sys.stdout.isatty()):
+        yield lambda: None
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress:
+        bar = progress.add_task("training", total=total, completed=start)
+        yield lambda: progress.advance(bar)
 
 
 class MetricsWriter:

@@ -40,6 +40,8 @@ __all__ = [
     "capture_run_state",
     "capture_training_state",
     "check_resumable",
+    "load_model_and_optimizer",
+    "plain_training_state",
     "restore_run_state",
     "restore_training_state",
 ]
@@ -87,6 +89,27 @@ def capture_training_state(
     run = capture_run_state(
         ctx, step=step, scheduler=scheduler, amp=amp, sampler=sampler, generators=generators
     )
+    return plain_training_state(run, model, optimizer, extra)
+
+
+def plain_training_state(
+    run_state: Mapping[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plain format's one dict: the run state, the model and optimizer, the caller's extra.
+
+    Args:
+        run_state: What :func:`capture_run_state` returned.
+        model: The (possibly wrapped) model; its unwrapped ``state_dict`` is saved.
+        optimizer: Its ``state_dict`` is saved.
+        extra: Plain data of the caller's, kept under ``"extra"``.
+
+    Returns:
+        What :func:`capture_training_state` returns, and :func:`restore_training_state` reads.
+    """
+    run = dict(run_state)
     return {
         "step": run.pop("step"),
         "world_size": run.pop("world_size"),
@@ -95,6 +118,14 @@ def capture_training_state(
         **run,
         "extra": dict(extra or {}),
     }
+
+
+def load_model_and_optimizer(
+    state: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Puts a plain state's ``model_state`` and ``optimizer_state`` back, in place."""
+    unwrap_model(model).load_state_dict(state["model_state"])
+    optimizer.load_state_dict(state["optimizer_state"])
 
 
 def capture_run_state(
@@ -145,8 +176,7 @@ def restore_training_state(
     Raises:
         KeyError: When the state lacks something that was asked to be restored.
     """
-    unwrap_model(model).load_state_dict(state["model_state"])
-    optimizer.load_state_dict(state["optimizer_state"])
+    load_model_and_optimizer(state, model, optimizer)
     return restore_run_state(
         state, ctx, scheduler=scheduler, amp=amp, sampler=sampler, generators=generators, seed=seed
     )

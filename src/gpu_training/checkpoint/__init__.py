@@ -1,27 +1,34 @@
 """Checkpoints that are never half-written, and resume that is exact.
 
-- :mod:`~gpu_training.checkpoint.files` — the layout (names, manifest checks) and the durable
-  file-system moves (a checksum while writing, fsync, atomic swap, locked temporaries);
-  :mod:`~gpu_training.checkpoint.keys` strips wrapper prefixes from state-dict keys.
-- :mod:`~gpu_training.checkpoint.manager` — :class:`CheckpointManager`: plain (full-state)
-  checkpoints written by rank 0, atomically, with a manifest, checksums and pruning;
-  optionally asynchronous (``save(..., async_save=True)``, :func:`snapshot_state`).
-- :mod:`~gpu_training.checkpoint.sharded` — sharded (FSDP2) checkpoints through
-  ``torch.distributed.checkpoint``: ``CheckpointManager.save_sharded`` / ``load_sharded``, same
-  layout and guarantees, loadable on any world size. Imported on first use (DCP costs ~1 s of
-  import time).
-- :mod:`~gpu_training.checkpoint.zero` — DeepSpeed engine checkpoints
-  (``CheckpointManager.save_deepspeed`` / ``load_deepspeed``) committed the same way.
-- :mod:`~gpu_training.checkpoint.collective` — that shared protocol for checkpoints every rank
-  writes into (one locked temporary directory, rank 0 commits the manifest, an error on any
-  rank reaches all); :mod:`~gpu_training.checkpoint.dcp_read` — the restrictive reading of
-  DCP's pickled metadata and values.
-- :mod:`~gpu_training.checkpoint.safe_load` — the trust boundary: third-party readers
-  (DeepSpeed, DCP) run with every ``torch.load`` forced to ``weights_only`` and an allow-list.
+One owner per concern, dependencies one way (each module imports only those above it):
+
+- :mod:`~gpu_training.checkpoint.files` — the layout (names, the scan for step directories,
+  the manifest built, written and checked) and the durable file-system moves (a checksum while
+  writing, fsync, atomic swap, locked temporaries); :mod:`~gpu_training.checkpoint.keys`
+  strips wrapper prefixes from state-dict keys; :mod:`~gpu_training.checkpoint.safe_load` is
+  the trust boundary (third-party readers forced to ``weights_only`` and an allow-list; the
+  read-back check every writer runs before it commits).
 - :mod:`~gpu_training.checkpoint.offline` — read-only :func:`find_checkpoint`,
   :func:`find_resumable`, :func:`read_manifest`, :func:`verify_checkpoints` for any
-  checkpoint directory, and
-  :func:`consolidate` into one ``.safetensors`` / ``.pt`` file for an unwrapped model.
+  checkpoint directory, and :func:`consolidate` into one ``.safetensors`` / ``.pt`` file for
+  an unwrapped model.
+- :mod:`~gpu_training.checkpoint.directory` — :class:`CheckpointDirectory`, the one owner of
+  a checkpoint root: step directories, resolve, latest, staging, commit, durability, prune,
+  stale temporaries. Every writer below is a format adapter on it.
+- :mod:`~gpu_training.checkpoint.plain` — rank 0 writes one ``state.pt``, synchronously or
+  in the background (:func:`snapshot_state`, :mod:`~gpu_training.checkpoint.snapshot`).
+- :mod:`~gpu_training.checkpoint.collective` — the protocol for checkpoints every rank writes
+  into (one locked staging directory, rank 0 commits the manifest, an error on any rank reaches
+  all through :mod:`~gpu_training.checkpoint.attempt`), used by
+  :mod:`~gpu_training.checkpoint.sharded` (FSDP2 through ``torch.distributed.checkpoint``,
+  loadable on any world size; :mod:`~gpu_training.checkpoint.dcp_read` reads DCP's pickles
+  restrictively) and :mod:`~gpu_training.checkpoint.zero` (DeepSpeed engines). Imported on
+  first use (DCP and DeepSpeed cost seconds of import time).
+- :mod:`~gpu_training.checkpoint.manager` — :class:`CheckpointManager`, the façade a training
+  loop uses: ``save``/``load`` (plain), ``save_sharded``/``load_sharded``,
+  ``save_deepspeed``/``load_deepspeed``, ``latest``, ``find_resumable``...
+- :mod:`~gpu_training.checkpoint.export_hf` — a checkpoint of a Hugging Face model as a
+  ``save_pretrained`` directory.
 
 Everything public is re-exported here, so ``from gpu_training.checkpoint import
 CheckpointManager`` is the import to use.
@@ -29,6 +36,7 @@ CheckpointManager`` is the import to use.
 
 from __future__ import annotations
 
+from gpu_training.checkpoint.directory import CheckpointDirectory
 from gpu_training.checkpoint.files import (
     DEEPSPEED_FORMAT,
     EXTRA_NAME,
@@ -62,6 +70,7 @@ __all__ = [
     "SHARDED_FORMAT",
     "STATE_NAME",
     "WRAPPER_PREFIXES",
+    "CheckpointDirectory",
     "CheckpointError",
     "CheckpointManager",
     "Resumable",

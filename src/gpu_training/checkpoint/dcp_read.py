@@ -46,7 +46,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from gpu_training.checkpoint.collective import _CAUGHT, _describe
+from gpu_training.checkpoint.attempt import CAUGHT, describe_error
 from gpu_training.checkpoint.files import CheckpointError
 from gpu_training.checkpoint.safe_load import weights_only_loads
 
@@ -95,7 +95,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         return found
 
 
-def _read_metadata(path: Path) -> Metadata:
+def read_dcp_metadata(path: Path) -> Metadata:
     """Reads a DCP ``.metadata`` file with :class:`_MetadataUnpickler`."""
     try:
         with open(path, "rb") as f:
@@ -109,13 +109,13 @@ def _read_metadata(path: Path) -> Metadata:
     return metadata
 
 
-class _SafeReader(FileSystemReader):
-    """A ``FileSystemReader`` whose metadata goes through :func:`_read_metadata`."""
+class SafeReader(FileSystemReader):
+    """A ``FileSystemReader`` whose metadata goes through :func:`read_dcp_metadata`."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         name = _DCP_METADATA if rank is None else f"__{rank}{_DCP_METADATA}"
-        metadata = _read_metadata(Path(self.path) / name)
+        metadata = read_dcp_metadata(Path(self.path) / name)
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
         storage_meta.load_id = self.load_id  # what FileSystemReader.read_metadata does too
         metadata.storage_meta = storage_meta
@@ -150,7 +150,9 @@ def _file_of(planner: Any, read_item: ReadItem) -> str:
     return str(info.relative_path) if info is not None else "a file of the checkpoint"
 
 
-class _SafeLoadPlanner(DefaultLoadPlanner):
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, checking every non-tensor value with ``weights_only`` first."""
+
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         _check_bytes(read_item, value, _file_of(self, read_item))
         super().load_bytes(read_item, value)
@@ -182,13 +184,13 @@ def load_everything(path: Path) -> dict[str, Any]:
             _check_bytes(read_item, value, str(path / _file_of(self, read_item)))
             super().load_bytes(read_item, value)
 
-    _read_metadata(path / _DCP_METADATA)  # a clear error before DCP's own fallbacks
+    read_dcp_metadata(path / _DCP_METADATA)  # a clear error before DCP's own fallbacks
     state: dict[str, Any] = {}
     try:
         with weights_only_loads():
             _load_state_dict(
-                state, storage_reader=_SafeReader(path), planner=_SafeEmptyPlanner(), no_dist=True
+                state, storage_reader=SafeReader(path), planner=_SafeEmptyPlanner(), no_dist=True
             )
-    except _CAUGHT as exc:
-        raise CheckpointError(f"could not read {path}: {_describe(exc)}") from exc
+    except CAUGHT as exc:
+        raise CheckpointError(f"could not read {path}: {describe_error(exc)}") from exc
     return state

@@ -1,8 +1,12 @@
 """The on-disk layout of a checkpoint, and the durable file-system moves that write it.
 
-Names and format constants, :class:`CheckpointError`, the CRC32-while-writing file object,
+Names and format constants, :class:`CheckpointError`, the checksum-while-writing file object,
 fsync of files and directories, the atomic ``renameat2(RENAME_EXCHANGE)`` swap, locked
-temporary directories, and the manifest checks every loader and verifier shares.
+temporary directories, the scan for step directories, and the manifest (built, written, checked)
+that every writer, loader and verifier of the package shares.
+
+The helpers have public names because the package's modules share them; the package does not
+re-export them (``gpu_training.checkpoint`` exports the constants and the error only).
 """
 
 from __future__ import annotations
@@ -56,8 +60,10 @@ EXTRA_NAME = "extra.pt"
 """The file of a sharded checkpoint holding its ``extra`` state (rank 0's copy)."""
 
 _CHECKSUM_RE = re.compile(r"xxh3:[0-9a-f]{16}|crc32:[0-9a-f]{8}")
-_TMP_PREFIX = ".tmp-"
-_STEP_RE = re.compile(r"step-(\d{8,})")
+TMP_PREFIX = ".tmp-"
+"""Temporary directories (a save in progress, a prune, a swapped-out step) start with this."""
+STEP_RE = re.compile(r"step-(\d{8,})")
+"""A step directory's name: ``step-`` and at least eight digits."""
 _READ_CHUNK = 8 << 20
 _OVERLAP_MIN_BYTES = 1 << 20  # below this, handing a chunk to the hashing thread costs more
 _AT_FDCWD = -100
@@ -72,13 +78,13 @@ class CheckpointError(RuntimeError):
 # durable file-system primitives
 
 
-class _Checksum:
+class Checksum:
     """A running checksum of one file's bytes, written ``"<algorithm>:<hex>"`` in manifests.
 
-    ``xxh3`` (XXH3-64, the ``xxhash`` package) when available, else ``crc32`` (zlib): on this
-    project's 2-core VM XXH3 hashes 41 MB in 2.3 ms (~18 GB/s) against 10.2 ms for CRC32 and
-    ~45 ms for BLAKE2b, so the checksum no longer sits on a save's critical path (CRC32 was
-    slower than the page-cache write it ran beside). Either catches torn and corrupted files,
+    ``xxh3`` (XXH3-64, the ``xxhash`` package) when available, else ``crc32`` (zlib): XXH3 is
+    several times faster than CRC32 and BLAKE2b, so the checksum does not sit on a save's
+    critical path (CRC32 was slower than the page-cache write it ran beside; figures in
+    benchmarks/README.md, ``bench_checkpoint.py``). Either catches torn and corrupted files,
     which is the job here; neither defends against someone who can rewrite the manifest.
     Manifests with either algorithm verify, whichever one writes new checkpoints.
 
@@ -117,7 +123,7 @@ def default_checksum() -> str:
     return "xxh3" if _xxhash is not None else "crc32"
 
 
-class _HashingWriter:
+class HashingWriter:
     """The file object handed to ``torch.save``: writes through and hashes the same bytes."""
 
     def __init__(
@@ -125,7 +131,7 @@ class _HashingWriter:
     ) -> None:
         self._raw = raw
         self._pool = pool
-        self.checksum = _Checksum(algorithm)
+        self.checksum = Checksum(algorithm)
         self._overlap = self.checksum.algorithm == "crc32"
         self.size = 0
         self.error: OSError | None = None
@@ -135,8 +141,8 @@ class _HashingWriter:
         view = memoryview(data).cast("B")
         try:
             if self._overlap and view.nbytes >= _OVERLAP_MIN_BYTES:
-                # CRC32 (~4 GB/s) is as slow as the write: hash on a second core meanwhile.
-                # XXH3 (~18 GB/s) is hashed inline: a thread hand-off per record cost more.
+                # CRC32 is as slow as the write: hash on a second core meanwhile. XXH3 is
+                # hashed inline: a thread hand-off per record cost more than the hash.
                 job = self._pool.submit(self.checksum.update, view)
                 try:
                     written = self._raw.write(view)
@@ -155,7 +161,7 @@ class _HashingWriter:
         self._raw.flush()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """Makes renames and creations inside ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -167,9 +173,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _file_checksum(path: Path, algorithm: str | None = None) -> str:
-    """``"<algorithm>:<hex>"`` of a file's bytes (see :class:`_Checksum`)."""
-    checksum = _Checksum(algorithm)
+def file_checksum(path: Path, algorithm: str | None = None) -> str:
+    """``"<algorithm>:<hex>"`` of a file's bytes (see :class:`Checksum`)."""
+    checksum = Checksum(algorithm)
     buf = bytearray(_READ_CHUNK)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
@@ -180,7 +186,7 @@ def _file_checksum(path: Path, algorithm: str | None = None) -> str:
 
 def _checksum_mismatch(path: Path, expected: str) -> bool:
     """Whether ``path``'s bytes do not hash to ``expected`` (computed with its algorithm)."""
-    return _file_checksum(path, expected.split(":", 1)[0]) != expected
+    return file_checksum(path, expected.split(":", 1)[0]) != expected
 
 
 @functools.cache
@@ -196,7 +202,7 @@ def _renameat2() -> Callable[..., int] | None:
     return cast(Callable[..., int], fn)
 
 
-def _exchange(a: Path, b: Path) -> bool:
+def exchange(a: Path, b: Path) -> bool:
     """Atomically swaps two paths (Linux ``RENAME_EXCHANGE``); False where unsupported."""
     fn = _renameat2()
     if fn is None:
@@ -209,7 +215,7 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-def _try_lock(path: Path) -> int | None:
+def try_lock(path: Path) -> int | None:
     """An fd holding an exclusive flock on directory ``path``, or None if another holds it.
 
     A writer holds this lock on its temporary directory for the whole save, so
@@ -229,13 +235,13 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
-def _make_locked_tmp(directory: Path, name: str) -> tuple[Path, int]:
+def make_locked_tmp(directory: Path, name: str) -> tuple[Path, int]:
     """Creates and locks ``directory/.tmp-NAME-<random>``; retries if a cleaner raced us."""
     for _ in range(5):
-        tmp = directory / f"{_TMP_PREFIX}{name}-{secrets.token_hex(4)}"
+        tmp = directory / f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
-            fd = _try_lock(tmp)
+            fd = try_lock(tmp)
         except FileNotFoundError:  # removed by a concurrent clean_stale before we locked it
             continue
         if fd is None:
@@ -299,18 +305,60 @@ def build_manifest(
     return manifest
 
 
+def write_manifest(directory: Path, manifest: Mapping[str, Any], *, sync: bool = True) -> None:
+    """Writes ``directory/manifest.json``: the last file of a checkpoint, which makes it one.
+
+    Args:
+        directory: The temporary step directory, every state file already complete in it.
+        manifest: What :func:`build_manifest` returned.
+        sync: fsync the file and the directory before returning (a caller that overlaps its
+            fsyncs passes False and syncs them itself).
+    """
+    with open(directory / MANIFEST_NAME, "wb") as f:
+        f.write(json.dumps(manifest, indent=2).encode())
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+    if sync:
+        fsync_dir(directory)
+
+
 # ----------------------------------------------------------------------------------------------
-# manifest checks
+# step directories
 
 
-def _step_name(step: int) -> str:
+def step_name(step: int) -> str:
+    """``step-00001234``: the directory of checkpoint ``step``."""
     return f"step-{step:08d}"
 
 
-def _check_step(step: object) -> int:
+def check_step(step: object) -> int:
+    """``step`` when it is an integer >= 0 (not a bool); ValueError otherwise."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an integer >= 0, got {step!r}")
     return step
+
+
+def scan_step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every ``step-XXXXXXXX`` directory in ``root``, committed or not, by ascending step.
+
+    Links and names that are not exactly :func:`step_name` of their number are not steps.
+    """
+    if not root.is_dir():
+        return []
+    with os.scandir(root) as entries:
+        found = [
+            (int(match.group(1)), Path(entry.path))
+            for entry in entries
+            if (match := STEP_RE.fullmatch(entry.name))
+            and entry.name == step_name(int(match.group(1)))
+            and entry.is_dir(follow_symlinks=False)
+        ]
+    return sorted(found)
+
+
+# ----------------------------------------------------------------------------------------------
+# manifest checks
 
 
 def _manifest_problems(manifest: Any, path: Path) -> list[str]:
@@ -332,7 +380,7 @@ def _manifest_problems(manifest: Any, path: Path) -> list[str]:
     step = manifest.get("step")
     if isinstance(step, bool) or not isinstance(step, int):
         problems.append(f"{path / MANIFEST_NAME}: step must be an integer, got {step!r}")
-    elif _STEP_RE.fullmatch(path.name) and path.name != _step_name(step):
+    elif STEP_RE.fullmatch(path.name) and path.name != step_name(step):
         problems.append(f"{path / MANIFEST_NAME}: step {step} does not match {path.name}")
     files = manifest.get("files")
     if not isinstance(files, list) or not files:
@@ -380,7 +428,7 @@ def _unlisted_problems(path: Path, manifest: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _inspect(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, list[str]]:
+def inspect_step(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, list[str]]:
     """Reads and checks ``path``'s manifest and files; returns (manifest or None, problems)."""
     if not path.is_dir():
         return None, [f"{path}: no such checkpoint directory"]
@@ -397,14 +445,14 @@ def _inspect(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, lis
     if problems:
         return None, problems
     for entry in manifest["files"]:
-        problem = _entry_problem(path, entry, checksums=checksums)
+        problem = entry_problem(path, entry, checksums=checksums)
         if problem is not None:
             problems.append(problem)
     problems += _unlisted_problems(path, manifest)
     return manifest, problems
 
 
-def _entry_problem(path: Path, entry: Mapping[str, Any], *, checksums: bool) -> str | None:
+def entry_problem(path: Path, entry: Mapping[str, Any], *, checksums: bool) -> str | None:
     """What is wrong with one manifest entry's file in ``path`` (None: size and checksum match)."""
     file = path / entry["name"]
     try:

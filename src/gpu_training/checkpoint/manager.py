@@ -1,4 +1,4 @@
-"""Checkpoints that are never half-written: rank-0 writes, atomic commit, verified loads.
+"""Checkpoints that are never half-written: one object to save, find and load them, any format.
 
 A checkpoint is a directory ``DIR/step-00001234/`` holding ``state.pt`` (one ``torch.save``)
 and ``manifest.json``, written last: format version, step, world size, config hash, UTC
@@ -13,6 +13,13 @@ never half-exist.
 
 Loading uses ``torch.load(..., weights_only=True)`` after checking sizes and checksums against
 the manifest, so nothing in a checkpoint is unpickled as an arbitrary object.
+
+:class:`CheckpointManager` is a façade: the directory is a
+:class:`~gpu_training.checkpoint.directory.CheckpointDirectory` (``manager.store``), and each
+format is an adapter on it — :mod:`~gpu_training.checkpoint.plain` (rank 0 writes
+``state.pt``), :mod:`~gpu_training.checkpoint.sharded` (DCP) and
+:mod:`~gpu_training.checkpoint.zero` (DeepSpeed), both committed by the every-rank protocol of
+:mod:`~gpu_training.checkpoint.collective`.
 
 Example:
     >>> import torch, tempfile
@@ -29,99 +36,20 @@ Example:
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import errno
-import functools
-import json
 import os
-import pickle  # only for pickle.UnpicklingError: nothing here unpickles with pickle
-import secrets
-import shutil
-import threading
-import warnings
-import weakref
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, cast
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from gpu_training.checkpoint.files import (
-    _STEP_RE,
-    _TMP_PREFIX,
-    MANIFEST_NAME,
-    STATE_NAME,
-    CheckpointError,
-    _check_step,
-    _exchange,
-    _fsync_dir,
-    _HashingWriter,
-    _inspect,
-    _make_locked_tmp,
-    _step_name,
-    _try_lock,
-    build_manifest,
-)
-from gpu_training.checkpoint.keys import strip_wrapper_prefixes
-from gpu_training.checkpoint.offline import Resumable, find_resumable
-from gpu_training.checkpoint.safe_load import refused_message
-from gpu_training.checkpoint.snapshot import _Buffers, _Snapshot, snapshot_state
-from gpu_training.ddp import DistributedContext, process_group_up
-
-try:  # POSIX only: without it a writer's temporary directory is not protected by a lock
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
+from gpu_training.checkpoint.offline import Resumable
+from gpu_training.checkpoint.plain import MapLocation, PlainFormat
+from gpu_training.ddp import DistributedContext
 
 __all__ = ["CheckpointManager"]
-
-
-MapLocation = str | torch.device | dict[str, str] | Callable[..., Any] | None
-
-_STATUS_BYTES = 4096  # rank 0's error message travels to the other ranks in this many bytes
-
-
-def _status_device() -> torch.device:
-    # NCCL only moves CUDA tensors; gloo (alone or in "cpu:gloo,cuda:nccl") moves CPU ones
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-@dataclass(eq=False)
-class _SaveOutcome:
-    """What rank 0's write of one checkpoint came to; an async save's writer fills it in."""
-
-    step: int
-    path: Path | None = None
-    failure: CheckpointError | None = None
-    interrupt: BaseException | None = None
-    thread: threading.Thread | None = None
-
-
-_WITH_PENDING_SAVES: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
-
-
-def _settle_all_at_exit() -> None:
-    for manager in list(_WITH_PENDING_SAVES):
-        manager._settle_locally()
-
-
-@functools.cache
-def _install_exit_hook() -> None:
-    # threading's exit hooks run before concurrent.futures stops taking work, which the writer
-    # needs; plain atexit hooks run after that, too late to let a pending save finish
-    register = getattr(threading, "_register_atexit", atexit.register)
-    register(_settle_all_at_exit)
-
-
-# ----------------------------------------------------------------------------------------------
-# the manager
 
 
 class CheckpointManager:
@@ -181,43 +109,37 @@ class CheckpointManager:
                 f"keep_last_n must be an integer >= 1 (or None to keep every checkpoint), "
                 f"got {keep_last_n!r}"
             )
-        self.directory = Path(directory)
         self.ctx = ctx if ctx is not None else DistributedContext.from_env()
-        self.keep_last_n = keep_last_n
-        self.config_hash = config_hash
-        self.config = dict(config) if config is not None else None
+        self.store = CheckpointDirectory(
+            directory, keep_last_n=keep_last_n, config_hash=config_hash, config=config
+        )
+        """The directory itself: step directories, staging, commit, prune, durability."""
         self.trust_checkpoint = trust_checkpoint
-        self._pending: _SaveOutcome | None = None
-        self._unsynced_commit = False  # rank 0: a rename not yet made durable (_sync_directory)
-        self._staging: _Buffers = {}  # host buffers of the last async snapshot, for the next
+        self._plain = PlainFormat(self.store, self.ctx)
         if self.ctx.is_main_process:
             self.clean_stale()
 
+    @property
+    def directory(self) -> Path:
+        """Where ``step-XXXXXXXX/`` directories live."""
+        return self.store.root
+
+    @property
+    def keep_last_n(self) -> int | None:
+        """Committed checkpoints kept (the newest by step); None keeps all."""
+        return self.store.keep_last_n
+
+    @property
+    def config_hash(self) -> str | None:
+        """Recorded in each manifest."""
+        return self.store.config_hash
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The settings recorded in each manifest."""
+        return self.store.config
+
     # -- reading -------------------------------------------------------------------------------
-
-    def _step_dirs(self) -> list[tuple[int, Path]]:
-        """Every ``step-XXXXXXXX`` directory, committed or not, by ascending step."""
-        if not self.directory.is_dir():
-            return []
-        found = []
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                match = _STEP_RE.fullmatch(entry.name)
-                if (
-                    match
-                    and entry.name == _step_name(int(match.group(1)))
-                    and entry.is_dir(follow_symlinks=False)
-                ):
-                    found.append((int(match.group(1)), Path(entry.path)))
-        return sorted(found)
-
-    def _resolve(self, path_or_step: str | os.PathLike[str] | int) -> Path:
-        if isinstance(path_or_step, int):  # _check_step refuses True/False
-            return self.directory / _step_name(_check_step(path_or_step))
-        path = Path(path_or_step)
-        if not path.is_absolute() and not path.exists() and (self.directory / path).exists():
-            return self.directory / path  # "step-00000010" relative to the manager's directory
-        return path
 
     def list_checkpoints(self) -> list[Path]:
         """Committed checkpoints (valid manifest, listed files present with the right sizes).
@@ -225,7 +147,7 @@ class CheckpointManager:
         Returns:
             Their directories by ascending step.
         """
-        return [p for _, p in self._step_dirs() if not _inspect(p, checksums=False)[1]]
+        return self.store.committed()
 
     def latest(self, *, verify_checksums: bool = False) -> Path | None:
         """The newest committed checkpoint; uncommitted or damaged directories are skipped.
@@ -241,10 +163,7 @@ class CheckpointManager:
         """
         if self.ctx.is_main_process:
             self.clean_stale()
-        for _, path in reversed(self._step_dirs()):
-            if not _inspect(path, checksums=verify_checksums)[1]:
-                return path
-        return None
+        return self.store.latest(verify_checksums=verify_checksums)
 
     def find_resumable(self, *, verify_checksums: bool = False) -> Resumable:
         """The newest committed checkpoint, and the damaged step directories newer than it.
@@ -260,9 +179,9 @@ class CheckpointManager:
         Returns:
             ``Resumable(latest, damaged)``.
         """
-        return find_resumable(self.directory, verify_checksums=verify_checksums)
+        return self.store.find_resumable(verify_checksums=verify_checksums)
 
-    def verify(self, path_or_step: str | os.PathLike[str] | int) -> list[str]:
+    def verify(self, path_or_step: PathOrStep) -> list[str]:
         """Checks a checkpoint against its manifest: presence, sizes and checksums.
 
         Args:
@@ -271,9 +190,9 @@ class CheckpointManager:
         Returns:
             One message per problem; empty when the checkpoint is intact.
         """
-        return _inspect(self._resolve(path_or_step), checksums=True)[1]
+        return self.store.verify(path_or_step)
 
-    def manifest(self, path_or_step: str | os.PathLike[str] | int) -> dict[str, Any]:
+    def manifest(self, path_or_step: PathOrStep) -> dict[str, Any]:
         """The parsed manifest of a checkpoint (its files are size-checked, not hashed).
 
         Args:
@@ -285,15 +204,11 @@ class CheckpointManager:
         Raises:
             CheckpointError: If the checkpoint is missing, uncommitted or damaged.
         """
-        path = self._resolve(path_or_step)
-        manifest, problems = _inspect(path, checksums=False)
-        if manifest is None or problems:
-            raise CheckpointError(f"invalid checkpoint {path}: " + "; ".join(problems))
-        return manifest
+        return self.store.manifest(path_or_step)
 
     def load(
         self,
-        path_or_step: str | os.PathLike[str] | int | None = None,
+        path_or_step: PathOrStep | None = None,
         map_location: MapLocation = "cpu",
     ) -> dict[str, Any]:
         """Loads a checkpoint after verifying it, with ``torch.load(weights_only=True)``.
@@ -314,47 +229,7 @@ class CheckpointManager:
                 file is missing, truncated or fails its checksum, or the content is not a
                 plain state (e.g. a pickle that would run code): the message names the file.
         """
-        if path_or_step is not None:
-            path = self._resolve(path_or_step)
-            problems = _inspect(path, checksums=True)[1]
-            if problems:
-                raise CheckpointError(f"refusing to load {path}: " + "; ".join(problems))
-            return self._load_verified(path, map_location)
-        if self.ctx.is_main_process:
-            self.clean_stale()
-        skipped: list[str] = []
-        for _, path in reversed(self._step_dirs()):
-            problems = _inspect(path, checksums=True)[1]
-            if problems:
-                skipped += problems
-                continue
-            if skipped:
-                warnings.warn(
-                    f"loading {path}; skipped newer checkpoints that failed verification: "
-                    + "; ".join(skipped),
-                    stacklevel=2,
-                )
-            return self._load_verified(path, map_location)
-        detail = (": " + "; ".join(skipped)) if skipped else ""
-        raise CheckpointError(f"no valid checkpoint in {self.directory}{detail}")
-
-    @staticmethod
-    def _load_verified(path: Path, map_location: MapLocation) -> dict[str, Any]:
-        file = path / STATE_NAME
-        if not file.exists() and (path / ".metadata").exists():  # DCP's index file
-            raise CheckpointError(
-                f"{path} is a sharded (DCP) checkpoint: load it with load_sharded()"
-            )
-        try:
-            state = torch.load(file, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            # one line, and not torch's advice to re-run with weights_only=False
-            raise CheckpointError(refused_message(file, exc, hint=None) or str(exc)) from exc
-        except Exception as exc:
-            raise CheckpointError(f"could not load {file}: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(state, dict):
-            raise CheckpointError(f"{file} holds a {type(state).__name__}, expected a dict")
-        return state
+        return self._plain.load(path_or_step, map_location)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -366,28 +241,7 @@ class CheckpointManager:
         Returns:
             The directories removed.
         """
-        removed: list[Path] = []
-        if not self.directory.is_dir():
-            return removed
-        with os.scandir(self.directory) as entries:
-            stale = [
-                Path(e.path)
-                for e in entries
-                if e.name.startswith(_TMP_PREFIX) and e.is_dir(follow_symlinks=False)
-            ]
-        for path in stale:
-            try:
-                fd = _try_lock(path)
-            except OSError:  # gone already, or not ours to open
-                continue
-            if fd is None:  # a live save holds it
-                continue
-            try:
-                shutil.rmtree(path, ignore_errors=True)
-            finally:
-                os.close(fd)
-            removed.append(path)
-        return removed
+        return self.store.clean_stale()
 
     def save(
         self,
@@ -434,16 +288,7 @@ class CheckpointManager:
             ValueError: If ``step`` is not an integer >= 0.
             TypeError: If ``state`` is not a mapping.
         """
-        _check_step(step)
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a mapping (a dict), got {type(state).__name__}")
-        self.wait()
-        outcome = _SaveOutcome(step)
-        if async_save:
-            return self._start_async(state, metadata, outcome)
-        if self.ctx.is_main_process:
-            self._write_and_prune(state, metadata, outcome)
-        return self._conclude(outcome)
+        return self._plain.save(state, step, metadata=metadata, async_save=async_save)
 
     @property
     def pending(self) -> bool:
@@ -452,7 +297,7 @@ class CheckpointManager:
         The same on every rank (the write itself may be over already), so it is safe to branch
         on before a call that every rank must make.
         """
-        return self._pending is not None
+        return self._plain.pending
 
     def wait(self) -> Path | None:
         """Waits for a pending asynchronous save and shares its outcome; every rank calls it.
@@ -464,15 +309,7 @@ class CheckpointManager:
         Raises:
             CheckpointError: On every rank if rank 0 could not write the pending checkpoint.
         """
-        outcome = self._pending
-        if outcome is None:
-            self._sync_directory()
-            return None
-        if outcome.thread is not None:
-            outcome.thread.join()
-        self._pending = None  # before raising: the error is reported once, the next save runs
-        self._sync_directory()
-        return self._conclude(outcome)
+        return self._plain.wait()
 
     def close(self) -> None:
         """Waits for a pending asynchronous save (like :meth:`wait`, on every rank).
@@ -483,11 +320,7 @@ class CheckpointManager:
         Raises:
             CheckpointError: On every rank if the pending save failed.
         """
-        try:
-            self.wait()
-        finally:
-            _WITH_PENDING_SAVES.discard(self)
-            self._staging = {}
+        self._plain.close()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -501,242 +334,9 @@ class CheckpointManager:
         if exc_type is None:
             self.close()
         else:  # unwinding an error: the other ranks may never reach a collective
-            self._settle_locally()
+            self._plain.settle_locally()
 
-    def _settle_locally(self) -> None:
-        """Joins the writer without a collective; a failure becomes a warning, not an error."""
-        outcome, self._pending = self._pending, None
-        _WITH_PENDING_SAVES.discard(self)
-        if outcome is not None and outcome.thread is not None:
-            outcome.thread.join()
-        with contextlib.suppress(OSError):
-            self._sync_directory()
-        if outcome is None:
-            return
-        if outcome.failure is not None:
-            warnings.warn(
-                f"asynchronous checkpoint of step {outcome.step} was not saved: {outcome.failure}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
-    def _start_async(
-        self, state: Mapping[str, Any], metadata: Mapping[str, Any] | None, outcome: _SaveOutcome
-    ) -> Path | None:
-        """Snapshots ``state`` on rank 0 and starts the writer thread."""
-        if not self.ctx.is_main_process:  # only rank 0 writes: nothing to copy here
-            self._pending = outcome
-            return None
-        try:
-            copier = _Snapshot(spares=self._staging)
-            snapshot = copier.run(state)
-            self._staging = copier.buffers  # free again once this save is written
-            extras = None if metadata is None else snapshot_state(dict(metadata))
-        except Exception as exc:  # reported like a failed write, on every rank, at wait()
-            outcome.failure = self._save_error(outcome.step, exc)
-        except BaseException:
-            outcome.failure = CheckpointError(
-                f"could not save step {outcome.step} to {self.directory}: interrupted"
-            )
-            self._pending = outcome  # the other ranks still learn it at the next wait()
-            raise
-        else:
-            outcome.thread = threading.Thread(
-                target=self._write_and_prune,
-                args=(snapshot, extras, outcome),
-                name=f"checkpoint-step-{outcome.step}",
-            )
-            _install_exit_hook()  # at interpreter exit: finish the write, print a failure
-            _WITH_PENDING_SAVES.add(self)
-            outcome.thread.start()
-        self._pending = outcome
-        return self.directory / _step_name(outcome.step)
-
-    def _write_and_prune(
-        self, state: Mapping[str, Any], metadata: Mapping[str, Any] | None, outcome: _SaveOutcome
-    ) -> None:
-        """Rank 0's part of a save; records the result in ``outcome`` instead of raising."""
-        try:
-            outcome.path = self._write(state, outcome.step, metadata)
-            self._prune(keep=outcome.path)
-        except CheckpointError as exc:
-            outcome.failure = exc
-        except Exception as exc:
-            outcome.failure = self._save_error(outcome.step, exc)
-        except BaseException as exc:  # KeyboardInterrupt: still release the other ranks
-            outcome.interrupt = exc
-
-    def _save_error(self, step: int, exc: Exception) -> CheckpointError:
-        # torch reports a full disk as RuntimeError("unexpected pos ..."), not OSError
-        code = getattr(exc, "errno", None)
-        if "unexpected pos" in str(exc) or code in (errno.ENOSPC, errno.EDQUOT):
-            hint = " (is the disk full?)"
-        elif code == errno.EFBIG:
-            hint = " (the file exceeds the file-size limit: see `ulimit -f`)"
-        else:
-            hint = ""
-        failure = CheckpointError(
-            f"could not save step {step} to {self.directory}: {type(exc).__name__}: {exc}{hint}"
-        )
-        failure.__cause__ = exc
-        return failure
-
-    def _conclude(self, outcome: _SaveOutcome) -> Path | None:
-        """Shares rank 0's outcome with every rank and raises a failure everywhere."""
-        interrupt, failure = outcome.interrupt, outcome.failure
-        message = f"{type(interrupt).__name__} on rank 0" if interrupt else None
-        remote = self._share_status(str(failure) if failure else message)
-        if interrupt is not None:
-            raise interrupt
-        if failure is not None:
-            raise failure
-        if remote is not None:
-            raise CheckpointError(
-                f"rank 0 failed to save step {outcome.step} to {self.directory}: {remote}"
-            )
-        return outcome.path
-
-    def _share_status(self, message: str | None) -> str | None:
-        """Broadcasts rank 0's outcome; returns its error message (None on success).
-
-        This collective is also the barrier: no rank returns from save() before rank 0 has
-        finished writing, and a failure on rank 0 reaches the ranks instead of hanging them.
-        """
-        if not (self.ctx.is_distributed and process_group_up()):
-            return message
-        status = torch.zeros(_STATUS_BYTES, dtype=torch.uint8)
-        if self.ctx.is_main_process and message is not None:
-            raw = message.encode("utf-8", errors="replace")[: _STATUS_BYTES - 1]
-            status[0] = 1
-            status[1 : 1 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        device_status = status.to(_status_device())
-        dist.broadcast(device_status, src=0)
-        status = device_status.cpu()
-        if int(status[0]) == 0:
-            return None
-        return bytes(status[1:].tolist()).rstrip(b"\0").decode("utf-8", errors="replace")
-
-    def _write(self, state: Mapping[str, Any], step: int, metadata: Any) -> Path:
-        """Writes and commits one checkpoint; removes its temporary directory on any error."""
-        extras = json.loads(json.dumps(dict(metadata or {})))  # fail before writing anything
-        clean_state = strip_wrapper_prefixes(state)
-        if not self.directory.is_dir():
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(self.directory.parent)
-        final = self.directory / _step_name(step)
-        tmp, lock_fd = _make_locked_tmp(self.directory, final.name)
-        try:
-            with (
-                ThreadPoolExecutor(3, thread_name_prefix="checkpoint") as pool,
-                open(tmp / STATE_NAME, "wb") as raw,
-            ):
-                sink = _HashingWriter(raw, pool)
-                try:
-                    torch.save(clean_state, cast(IO[bytes], sink))
-                except Exception as exc:
-                    if sink.error is not None and sink.error is not exc:
-                        raise sink.error from exc  # the real cause, not "unexpected pos"
-                    raise
-                raw.flush()
-                on_disk = os.fstat(raw.fileno()).st_size
-                if on_disk != sink.size:
-                    raise OSError(f"{tmp / STATE_NAME}: {on_disk} bytes on disk, {sink.size} sent")
-                manifest = build_manifest(
-                    step,
-                    self.ctx.world_size,
-                    [{"name": STATE_NAME, "size": sink.size, "checksum": sink.checksum.text()}],
-                    config_hash=self.config_hash,
-                    config=self.config,
-                    metadata=extras,
-                )
-                # the manifest is written last, once the state is complete
-                with open(tmp / MANIFEST_NAME, "wb") as man:
-                    man.write(json.dumps(manifest, indent=2).encode())
-                    man.flush()
-                    # concurrent fsyncs share one journal commit: 40 ms instead of 51 ms in a row
-                    jobs = [
-                        pool.submit(os.fsync, raw.fileno()),
-                        pool.submit(os.fsync, man.fileno()),
-                        pool.submit(_fsync_dir, tmp),
-                    ]
-                    try:
-                        self._check_loadable(tmp / STATE_NAME, final)
-                    finally:
-                        for job in jobs:  # wait before the files close, even on error
-                            job.exception()
-                    for job in jobs:
-                        job.result()
-            # everything in tmp is durable: one rename makes it a checkpoint. Making the rename
-            # itself durable (a directory fsync: a second journal commit, ~15-25% of a 41 MB
-            # save) is deferred until something depends on it: see _sync_directory.
-            self._commit(tmp, final)
-            self._unsynced_commit = True
-            _WITH_PENDING_SAVES.add(self)  # so that exit makes it durable too
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            os.close(lock_fd)
-        return final
-
-    @staticmethod
-    def _check_loadable(file: Path, final: Path) -> None:
-        """Refuses to commit a state that ``load`` (weights_only) could never read back."""
-        try:  # mmap: reads the pickle and maps the tensors without copying (~2 ms for 40 MB)
-            loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        except pickle.UnpicklingError as exc:
-            reason = " ".join(str(exc).split())[:600]
-            raise CheckpointError(
-                f"not saving {final}: the state holds objects that torch.load(weights_only=True) "
-                f"refuses, so it could never be loaded. Save tensors, numbers, strings and "
-                f"lists/dicts of them (convert numpy arrays with torch.from_numpy), or allow a "
-                f"type with torch.serialization.add_safe_globals. torch says: {reason}"
-            ) from exc
-        del loaded
-
-    @staticmethod
-    def _commit(tmp: Path, final: Path) -> None:
-        if not os.path.lexists(final):
-            os.replace(tmp, final)  # atomic: readers see no directory or the whole checkpoint
-            return
-        if _exchange(tmp, final):  # one atomic swap: there is always a committed step dir
-            shutil.rmtree(tmp, ignore_errors=True)  # now holds the old checkpoint
-            return
-        old = final.with_name(f"{_TMP_PREFIX}old-{final.name}-{secrets.token_hex(4)}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-
-    def _sync_directory(self) -> None:
-        """Makes the last commit's rename durable (fsync of the checkpoint directory).
-
-        Called before an older checkpoint is removed (a power loss must never leave fewer
-        complete checkpoints than before), by :meth:`wait`, :meth:`close` and at exit. Until
-        then a crash of the process loses nothing (the rename is done), and a power loss can
-        only take the newest checkpoint back to not existing — never half-written.
-        """
-        if self._unsynced_commit:
-            _fsync_dir(self.directory)
-            self._unsynced_commit = False
-
-    def _prune(self, keep: Path) -> None:
-        """Removes committed checkpoints older than the newest ``keep_last_n`` (not ``keep``)."""
-        if self.keep_last_n is None:
-            return
-        doomed_paths = [p for p in self.list_checkpoints()[: -self.keep_last_n] if p != keep]
-        if doomed_paths:
-            self._sync_directory()  # the new checkpoint is durable before an old one goes
-        for path in doomed_paths:
-            if path == keep:
-                continue
-            doomed = path.with_name(f"{_TMP_PREFIX}prune-{path.name}-{secrets.token_hex(4)}")
-            try:
-                os.replace(path, doomed)  # atomic: a crash mid-delete leaves a .tmp-* dir only
-                shutil.rmtree(doomed)
-            except OSError as exc:  # the checkpoint just written is fine; say so and go on
-                warnings.warn(f"could not remove old checkpoint {path}: {exc}", stacklevel=3)
-
-    # -- sharded (FSDP2) checkpoints: implemented in checkpoint/sharded.py ---------------------
+    # -- sharded (FSDP2) and DeepSpeed checkpoints: checkpoint/sharded.py, checkpoint/zero.py --
 
     def save_sharded(
         self,
@@ -762,13 +362,14 @@ class CheckpointManager:
         """
         from gpu_training.checkpoint.sharded import save_sharded
 
-        return save_sharded(self, model, optimizer, step, extra=extra)
+        self.wait()  # a pending asynchronous plain save commits (and prunes) first
+        return save_sharded(self.store, self.ctx, model, optimizer, step, extra=extra)
 
     def load_sharded(
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
-        path_or_step: str | os.PathLike[str] | int | None = None,
+        path_or_step: PathOrStep | None = None,
     ) -> dict[str, Any]:
         """Loads a sharded checkpoint in place, any world size. See :func:`.sharded.load_sharded`.
 
@@ -788,7 +389,7 @@ class CheckpointManager:
         """
         from gpu_training.checkpoint.sharded import load_sharded
 
-        return load_sharded(self, model, optimizer, path_or_step)
+        return load_sharded(self.store, self.ctx, model, optimizer, path_or_step)
 
     def save_deepspeed(
         self, engine: Any, step: int, *, extra: Mapping[str, Any] | None = None
@@ -808,12 +409,13 @@ class CheckpointManager:
         """
         from gpu_training.checkpoint.zero import save_deepspeed
 
-        return save_deepspeed(self, engine, step, extra=extra)
+        self.wait()  # a pending asynchronous plain save commits (and prunes) first
+        return save_deepspeed(self.store, self.ctx, engine, step, extra=extra)
 
     def load_deepspeed(
         self,
         engine: Any,
-        path_or_step: str | os.PathLike[str] | int | None = None,
+        path_or_step: PathOrStep | None = None,
         *,
         trusted: bool | None = None,
     ) -> dict[str, Any]:
@@ -834,7 +436,8 @@ class CheckpointManager:
         """
         from gpu_training.checkpoint.zero import load_deepspeed
 
-        return load_deepspeed(self, engine, path_or_step, trusted=trusted)
+        trust = self.trust_checkpoint if trusted is None else trusted
+        return load_deepspeed(self.store, self.ctx, engine, path_or_step, trusted=trust)
 
     def __repr__(self) -> str:
         return (

@@ -48,16 +48,16 @@ from typing import IO, Any, NamedTuple, cast
 import torch
 
 from gpu_training.checkpoint.files import (
-    _STEP_RE,
     DEEPSPEED_FORMAT,
     EXTRA_NAME,
     MANIFEST_NAME,
     SHARDED_FORMAT,
     STATE_NAME,
+    STEP_RE,
     CheckpointError,
-    _fsync_dir,
-    _inspect,
-    _step_name,
+    fsync_dir,
+    inspect_step,
+    scan_step_dirs,
 )
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 from gpu_training.checkpoint.safe_load import check_dcp_storage, refused_message
@@ -121,19 +121,11 @@ def load_plain(file: Path) -> dict[str, Any]:
 
 
 def _is_step_dir(path: Path) -> bool:
-    return _STEP_RE.fullmatch(path.name) is not None or (path / MANIFEST_NAME).exists()
+    return STEP_RE.fullmatch(path.name) is not None or (path / MANIFEST_NAME).exists()
 
 
 def _step_dirs(root: Path) -> list[Path]:
-    with os.scandir(root) as entries:
-        found = [
-            (int(m.group(1)), Path(e.path))
-            for e in entries
-            if (m := _STEP_RE.fullmatch(e.name))
-            and e.name == _step_name(int(m.group(1)))
-            and e.is_dir(follow_symlinks=False)
-        ]
-    return [p for _, p in sorted(found)]
+    return [path for _, path in scan_step_dirs(root)]
 
 
 def find_checkpoint(path: str | os.PathLike[str]) -> Path:
@@ -159,7 +151,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     steps = _step_dirs(path)
     damaged: list[str] = []
     for step_dir in reversed(steps):
-        problems = _inspect(step_dir, checksums=False)[1]
+        problems = inspect_step(step_dir, checksums=False)[1]
         if not problems:
             return step_dir
         damaged.append(f"{step_dir.name}: {problems[0]}")
@@ -225,7 +217,7 @@ def find_resumable(root: str | os.PathLike[str], *, verify_checksums: bool = Fal
     if not root.is_dir():
         return Resumable(None, damaged)
     for step_dir in reversed(_step_dirs(root)):
-        problems = _inspect(step_dir, checksums=verify_checksums)[1]
+        problems = inspect_step(step_dir, checksums=verify_checksums)[1]
         if not problems:
             return Resumable(step_dir, damaged)
         damaged.append((step_dir, problems))
@@ -247,7 +239,7 @@ def read_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
         CheckpointError: If there is no such checkpoint or it is uncommitted or damaged.
     """
     step_dir = find_checkpoint(path)
-    manifest, problems = _inspect(step_dir, checksums=False)
+    manifest, problems = inspect_step(step_dir, checksums=False)
     if manifest is None or problems:
         raise CheckpointError(f"invalid checkpoint {step_dir}: " + "; ".join(problems))
     return step_dir, manifest
@@ -272,7 +264,7 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> dict[Path, list[str]]:
     steps = [path] if _is_step_dir(path) else _step_dirs(path)
     if not steps:
         raise CheckpointError(f"{path}: no checkpoint (no step-XXXXXXXX directory)")
-    return {step_dir: _inspect(step_dir, checksums=True)[1] for step_dir in steps}
+    return {step_dir: inspect_step(step_dir, checksums=True)[1] for step_dir in steps}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -410,7 +402,7 @@ def consolidate(
         from safetensors.torch import save_file  # fail before the long load when missing
     step_dir, manifest = read_manifest(source)
     _check_not_inside(out, step_dir)
-    problems = _inspect(step_dir, checksums=True)[1]
+    problems = inspect_step(step_dir, checksums=True)[1]
     if problems:
         raise CheckpointError(f"refusing to consolidate {step_dir}: " + "; ".join(problems))
     state = _full_state(step_dir, manifest, trusted=trusted)
@@ -428,7 +420,7 @@ def consolidate(
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -31,7 +31,7 @@ import importlib
 import os
 import pickle
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "DEEPSPEED_SAFE_GLOBALS",
     "TRUST_HINT",
     "check_dcp_storage",
+    "check_loads_back",
     "check_pickles",
     "refused_message",
     "weights_only_loads",
@@ -180,6 +181,36 @@ def check_pickles(
             raise CheckpointError(message) from exc
 
 
+def check_loads_back(load: Callable[[], object], subject: str) -> None:
+    """Refuses to write state that ``torch.load(weights_only=True)`` could never read back.
+
+    Every writer runs this before committing, so a state that could not be resumed is
+    refused at save time, not on the day it is needed.
+
+    Args:
+        load: Reads the state back with ``weights_only=True`` (from the written file, or from
+            a buffer for values not written yet).
+        subject: What holds the state, to start the message (``"extra"``,
+            ``"not saving DIR: the state"``).
+
+    Raises:
+        CheckpointError: ``"<subject> holds objects that torch.load(weights_only=True)
+            refuses ..."``, with what to save instead and torch's reason.
+    """
+    from gpu_training.checkpoint.files import CheckpointError
+
+    try:
+        load()
+    except pickle.UnpicklingError as exc:
+        reason = " ".join(str(exc).split())[:600]
+        raise CheckpointError(
+            f"{subject} holds objects that torch.load(weights_only=True) refuses, so it could "
+            f"never be loaded. Save tensors, numbers, strings and lists/dicts of them (convert "
+            f"numpy arrays with torch.from_numpy), or allow a type with "
+            f"torch.serialization.add_safe_globals. torch says: {reason}"
+        ) from exc
+
+
 def check_dcp_storage(step_dir: Path, files: Iterable[str]) -> None:
     """A DCP checkpoint's index reads only its own ``files``, and its pickled values are data.
 
@@ -202,10 +233,10 @@ def check_dcp_storage(step_dir: Path, files: Iterable[str]) -> None:
     import torch
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from gpu_training.checkpoint.dcp_read import _read_metadata
+    from gpu_training.checkpoint.dcp_read import read_dcp_metadata
     from gpu_training.checkpoint.files import CheckpointError
 
-    metadata = _read_metadata(step_dir / ".metadata")
+    metadata = read_dcp_metadata(step_dir / ".metadata")
     listed = set(files)
     values = {
         fqn

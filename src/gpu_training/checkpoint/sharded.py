@@ -48,12 +48,11 @@ One plain file for inference: :func:`~gpu_training.checkpoint.offline.consolidat
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -66,19 +65,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from gpu_training.checkpoint.collective import (
-    _Attempt,
-    _check_plain,
-    _distributed,
-    _settle,
-    choose_verified,
-    save_directory,
-)
+from gpu_training.checkpoint.attempt import Attempt, settle, uses_process_group
+from gpu_training.checkpoint.collective import check_plain, choose_verified, save_directory
 from gpu_training.checkpoint.dcp_read import (
-    _SafeLoadPlanner,
-    _SafeReader,
+    SafeLoadPlanner,
+    SafeReader,
     load_everything,
 )
+from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
 from gpu_training.checkpoint.files import (
     EXTRA_NAME,
     MANIFEST_NAME,
@@ -87,9 +81,7 @@ from gpu_training.checkpoint.files import (
 )
 from gpu_training.checkpoint.offline import load_plain
 from gpu_training.checkpoint.safe_load import check_dcp_storage, weights_only_loads
-
-if TYPE_CHECKING:
-    from gpu_training.checkpoint.manager import CheckpointManager
+from gpu_training.ddp import DistributedContext
 
 __all__ = ["EXTRA_NAME", "SHARDED_FORMAT", "load_everything", "load_sharded", "save_sharded"]
 
@@ -135,7 +127,8 @@ def _plain_leaves(obj: Any) -> Iterator[Any]:
 
 
 def save_sharded(
-    manager: CheckpointManager,
+    store: CheckpointDirectory,
+    ctx: DistributedContext,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     step: int,
@@ -147,10 +140,11 @@ def save_sharded(
     The state comes from ``get_state_dict`` (each rank's own shards, keys without wrapper
     prefixes) and is written with ``dcp.save`` into one temporary directory, then committed by
     rank 0 as ``step-XXXXXXXX/`` with a manifest; older checkpoints beyond ``keep_last_n``
-    are pruned. Call it on every rank. Usually called as ``manager.save_sharded(...)``.
+    are pruned. Call it on every rank. Usually called as ``CheckpointManager.save_sharded(...)``.
 
     Args:
-        manager: Where and how to save (directory, rank identity, ``keep_last_n``).
+        store: Where to save (the root, ``keep_last_n``, what manifests record).
+        ctx: This rank's identity.
         model: The model, sharded with ``fully_shard`` or not.
         optimizer: Its optimizer, or None to save the model only.
         step: The step number (>= 0); an existing checkpoint of that step is replaced.
@@ -171,14 +165,14 @@ def save_sharded(
 
     def gather() -> None:
         state.update(_training_state(model, optimizer))
-        _check_plain(list(_plain_leaves(state)), "the model and optimizer state")
+        check_plain(list(_plain_leaves(state)), "the model and optimizer state")
 
     def write(tmp: Path) -> set[str]:
         with _quiet_single_process():
             metadata = dcp.save(state, storage_writer=FileSystemWriter(tmp))
         return {info.relative_path for info in (metadata.storage_data or {}).values()}
 
-    return save_directory(manager, step, write, SHARDED_FORMAT, extra=extra, prepare=gather)
+    return save_directory(store, ctx, step, write, SHARDED_FORMAT, extra=extra, prepare=gather)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,10 +180,11 @@ def save_sharded(
 
 
 def load_sharded(
-    manager: CheckpointManager,
+    store: CheckpointDirectory,
+    ctx: DistributedContext,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    path_or_step: str | os.PathLike[str] | int | None = None,
+    path_or_step: PathOrStep | None = None,
 ) -> dict[str, Any]:
     """Loads a sharded checkpoint into ``model`` and ``optimizer`` in place; every rank.
 
@@ -197,14 +192,15 @@ def load_sharded(
     (FSDP2 or not) and in a single process without a process group, into a plain model. Each
     rank checksums a share of the files first; with no ``path_or_step`` it takes the newest
     sharded checkpoint that verifies, warning about newer ones that do not. Usually called as
-    ``manager.load_sharded(...)``. Build the optimizer before loading (its state is filled in).
+    ``CheckpointManager.load_sharded(...)``. Build the optimizer before loading (its state is filled in).
 
     DCP's ``.metadata`` pickle is read with an allowlisting unpickler, non-tensor values are
     checked with ``weights_only=True`` first and DCP's own loads are forced to
     ``weights_only`` (see the module docstring): nothing in the directory runs.
 
     Args:
-        manager: The checkpoint directory and this rank's identity.
+        store: The checkpoint root.
+        ctx: This rank's identity.
         model: The model to fill, sharded with ``fully_shard`` or not.
         optimizer: Its optimizer, or None to load the model weights only.
         path_or_step: A checkpoint directory, a step number, or None for the newest.
@@ -216,23 +212,22 @@ def load_sharded(
         CheckpointError: On every rank, if there is no checkpoint, it fails verification, is a
             plain checkpoint, does not match the model or optimizer, or any rank failed.
     """
-    ctx = manager.ctx
-    _distributed(ctx)
-    chosen = choose_verified(manager, path_or_step, SHARDED_FORMAT)
+    uses_process_group(ctx)
+    chosen = choose_verified(store, ctx, path_or_step, SHARDED_FORMAT)
     what = f"could not load {chosen}"
 
     state: dict[str, Any] = {}
-    with _Attempt() as prepare:
+    with Attempt() as prepare:
         # the index must read only files the manifest vouches for, and hold plain values only
         manifest = json.loads((chosen / MANIFEST_NAME).read_text())
         check_dcp_storage(chosen, [str(e["name"]) for e in manifest["files"]])
         state = _training_state(model, optimizer)
-    _settle(ctx, prepare, what)  # before dcp.load: its collectives need every rank
+    settle(ctx, prepare, what)  # before dcp.load: its collectives need every rank
 
     extra: dict[str, Any] = {}
-    with _Attempt() as load:
+    with Attempt() as load:
         with _quiet_single_process(), weights_only_loads():
-            dcp.load(state, storage_reader=_SafeReader(chosen), planner=_SafeLoadPlanner())
+            dcp.load(state, storage_reader=SafeReader(chosen), planner=SafeLoadPlanner())
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -241,5 +236,5 @@ def load_sharded(
             )
         if (chosen / EXTRA_NAME).exists():
             extra = load_plain(chosen / EXTRA_NAME)
-    _settle(ctx, load, what)
+    settle(ctx, load, what)
     return extra

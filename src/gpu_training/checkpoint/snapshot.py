@@ -18,21 +18,22 @@ __all__ = ["snapshot_state"]
 _IMMUTABLE = (str, bytes, int, float, complex, type(None), torch.dtype, torch.device, torch.Size)
 
 
-_Buffers = dict[tuple[int, bool], list[torch.UntypedStorage]]  # (bytes, pinned) -> storages
+StagingBuffers = dict[tuple[int, bool], list[torch.UntypedStorage]]
+"""Host buffers of a snapshot by (bytes, pinned), to be refilled by the next one."""
 
 
-class _Snapshot:
+class Snapshot:
     """Copies one state, remembering the tensors and storages already copied.
 
     Args:
         spares: Host buffers of an earlier snapshot that nothing uses any more: refilling
-            them skips the page faults of fresh memory (on a 2-core VM, first-touching 41 MB
-            took 58 ms against 23 ms for a second write to the same pages).
+            them skips the page faults of fresh memory, which cost more than the copy
+            (benchmarks/README.md, ``bench_checkpoint.py``).
     """
 
-    def __init__(self, spares: _Buffers | None = None) -> None:
+    def __init__(self, spares: StagingBuffers | None = None) -> None:
         self.spares = spares if spares is not None else {}
-        self.buffers: _Buffers = {}  # the host buffers this snapshot copied into
+        self.buffers: StagingBuffers = {}  # the host buffers this snapshot copied into
         self.tensors: dict[int, torch.Tensor] = {}  # id(original) -> copy: one object stays one
         self.storages: dict[tuple[int, int, str], torch.UntypedStorage] = {}
         self.devices: set[torch.device] = set()  # GPUs with copies in flight
@@ -102,8 +103,8 @@ class _Snapshot:
                 buffer.copy_(whole, non_blocking=True)
                 self.devices.add(t.device)
             elif source.nbytes():
-                # one memcpy, GIL released: copy_ splits over OpenMP threads, whose barrier spins
-                # when ranks x threads exceed the cores (41 MB: 90 ms instead of 14 ms, 2 cores)
+                # one memcpy, GIL released: copy_ splits over OpenMP threads, whose barrier
+                # spins when ranks x threads exceed the cores (several times slower)
                 ctypes.memmove(buffer.data_ptr(), source.data_ptr(), source.nbytes())
             copied = self.storages[key] = buffer.untyped_storage()
         # whole storages, as torch.save writes them: tied weights stay tied, same bytes
@@ -132,4 +133,4 @@ def snapshot_state(state: Any) -> Any:
         >>> snap["w"].tolist()
         [0.0, 0.0]
     """
-    return _Snapshot().run(state)
+    return Snapshot().run(state)

@@ -28,20 +28,15 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from gpu_training.checkpoint.collective import (
-    _Attempt,
-    _distributed,
-    _settle,
-    choose_verified,
-    save_directory,
-)
+from gpu_training.checkpoint.attempt import Attempt, settle, uses_process_group
+from gpu_training.checkpoint.collective import choose_verified, save_directory
+from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
 from gpu_training.checkpoint.files import (
     DEEPSPEED_FORMAT,
     EXTRA_NAME,
@@ -55,9 +50,7 @@ from gpu_training.checkpoint.safe_load import (
     refused_message,
     weights_only_loads,
 )
-
-if TYPE_CHECKING:
-    from gpu_training.checkpoint.manager import CheckpointManager
+from gpu_training.ddp import DistributedContext
 
 __all__ = ["DEEPSPEED_FORMAT", "deepspeed_model_state", "load_deepspeed", "save_deepspeed"]
 
@@ -78,7 +71,8 @@ def _quiet() -> Iterator[None]:
 
 
 def save_deepspeed(
-    manager: CheckpointManager,
+    store: CheckpointDirectory,
+    ctx: DistributedContext,
     engine: Any,
     step: int,
     *,
@@ -86,10 +80,11 @@ def save_deepspeed(
 ) -> Path | None:
     """Writes a DeepSpeed engine's checkpoint atomically; every rank.
 
-    Usually called as ``manager.save_deepspeed(engine, step, extra=...)``.
+    Usually called as ``CheckpointManager.save_deepspeed(engine, step, extra=...)``.
 
     Args:
-        manager: Where and how to save (directory, rank identity, ``keep_last_n``).
+        store: Where to save (the root, ``keep_last_n``, what manifests record).
+        ctx: This rank's identity.
         engine: The ``DeepSpeedEngine`` (from :func:`~gpu_training.strategy.deepspeed_initialize`).
         step: The step number (>= 0); an existing checkpoint of that step is replaced.
         extra: Plain state to resume with (step, sampler, RNG...): rank 0's copy is saved.
@@ -110,7 +105,7 @@ def save_deepspeed(
             )
         return set()
 
-    return save_directory(manager, step, write, DEEPSPEED_FORMAT, extra=extra)
+    return save_directory(store, ctx, step, write, DEEPSPEED_FORMAT, extra=extra)
 
 
 @contextlib.contextmanager
@@ -146,11 +141,12 @@ def _check_files(step_dir: Path, share: slice = slice(None)) -> None:
 
 
 def load_deepspeed(
-    manager: CheckpointManager,
+    store: CheckpointDirectory,
+    ctx: DistributedContext,
     engine: Any,
-    path_or_step: str | os.PathLike[str] | int | None = None,
+    path_or_step: PathOrStep | None = None,
     *,
-    trusted: bool | None = None,
+    trusted: bool = False,
 ) -> dict[str, Any]:
     """Loads a DeepSpeed checkpoint into ``engine`` (model, optimizer, its scheduler); every rank.
 
@@ -160,11 +156,11 @@ def load_deepspeed(
     world size, consolidate the weights and start a new optimizer.
 
     Args:
-        manager: The checkpoint directory and this rank's identity.
+        store: The checkpoint root.
+        ctx: This rank's identity.
         engine: The ``DeepSpeedEngine`` to fill (same model and ZeRO stage).
         path_or_step: A checkpoint directory, a step number, or None for the newest.
-        trusted: Let DeepSpeed unpickle its files without the ``weights_only`` allow-list
-            (default: the manager's ``trust_checkpoint``).
+        trusted: Let DeepSpeed unpickle its files without the ``weights_only`` allow-list.
 
     Returns:
         The ``extra`` state saved with the checkpoint (an empty dict if there was none).
@@ -174,13 +170,11 @@ def load_deepspeed(
             on another world size, holds objects outside the allow-list (nothing runs), or
             DeepSpeed could not load it.
     """
-    ctx = manager.ctx
-    trusted = manager.trust_checkpoint if trusted is None else trusted
-    _distributed(ctx)
-    chosen = choose_verified(manager, path_or_step, DEEPSPEED_FORMAT)
+    uses_process_group(ctx)
+    chosen = choose_verified(store, ctx, path_or_step, DEEPSPEED_FORMAT)
     what = f"could not load {chosen}"
     extra: dict[str, Any] = {}
-    with _Attempt() as check:
+    with Attempt() as check:
         if not trusted:  # each rank a share: the refusal names the file
             _check_files(chosen, slice(ctx.rank, None, ctx.world_size))
         manifest_world = _saved_world_size(chosen)
@@ -190,8 +184,8 @@ def load_deepspeed(
                 f"{ctx.world_size}: DeepSpeed's optimizer shards load on the same world size "
                 "only (consolidate the weights with 'gpu-training ckpt consolidate' to change it)"
             )
-    _settle(ctx, check, what)
-    with _Attempt() as load:
+    settle(ctx, check, what)
+    with Attempt() as load:
         with _quiet(), _guarded(trusted), _refusals(chosen):
             path, _ = engine.load_checkpoint(
                 str(chosen.parent),
@@ -203,7 +197,7 @@ def load_deepspeed(
             raise CheckpointError(f"DeepSpeed found no checkpoint files in {chosen}")
         if (chosen / EXTRA_NAME).exists():
             extra = load_plain(chosen / EXTRA_NAME)
-    _settle(ctx, load, what)
+    settle(ctx, load, what)
     return extra
 
 

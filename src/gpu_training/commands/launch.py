@@ -212,7 +212,7 @@ def _check_job(config: str, train_args: list[str], ranks: tuple[int, int] | None
     from gpu_training.cli import UsageError, build_parser
     from gpu_training.config import ConfigError
     from gpu_training.job import load_job
-    from gpu_training.trainer import check_job
+    from gpu_training.strategy.job_check import check_job
 
     try:
         parsed = build_parser().parse_args(["train", config, *train_args])

@@ -118,8 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except Exception as exc:
         # torch's metrics wrapper can be hit by the signal before it sets its own variable,
-        # and raises UnboundLocalError "during handling of" the SignalException (measured:
-        # 1 stop in ~20): the same stop, whatever torch's own bookkeeping says
+        # and raises UnboundLocalError "during handling of" the SignalException (now and
+        # then: benchmarks/README.md, "Traps"): the same stop, whatever torch's own says
         if _from_signal(exc, SignalException):
             return EXIT_STOPPED
         raise

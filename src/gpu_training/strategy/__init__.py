@@ -9,7 +9,10 @@
 - :mod:`~gpu_training.strategy.deepspeed` — :func:`build_deepspeed_config` (fills every
   ``"auto"``) and :func:`deepspeed_initialize`.
 - :mod:`~gpu_training.strategy.prepared` — :func:`prepare`: model, optimizer and step
-  functions in one call, for every strategy.
+  functions in one call, for every strategy; :class:`Prepared` saves and loads itself in the
+  strategy's checkpoint format.
+- :mod:`~gpu_training.strategy.job_check` — :func:`check_job`: a job's strategy options
+  against its task's model, before any process starts.
 
 Names resolve lazily, so ``from gpu_training.strategy import choose_strategy`` does not import
 torch::
@@ -54,6 +57,8 @@ _EXPORTS: dict[str, str] = {
     "deepspeed_initialize": "deepspeed",
     "deepspeed_step_fns": "deepspeed",
     "find_auto_values": "deepspeed",
+    # job check
+    "check_job": "job_check",
     # prepare
     "Prepared": "prepared",
     "default_optimizer": "prepared",
@@ -74,6 +79,7 @@ __all__ = [
     "StrategyError",
     "apply_activation_checkpointing",
     "build_deepspeed_config",
+    "check_job",
     "choose_strategy",
     "deepspeed_initialize",
     "deepspeed_step_fns",
@@ -110,6 +116,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         deepspeed_step_fns,
         find_auto_values,
     )
+    from gpu_training.strategy.job_check import check_job
     from gpu_training.strategy.prepared import Prepared, default_optimizer, prepare
     from gpu_training.strategy.spec import (
         OFFLOAD_MODES,

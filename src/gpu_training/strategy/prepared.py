@@ -11,6 +11,10 @@ The same loop body then serves every strategy::
                 loss = loss_fn(run.model(x), y)
             run.steps.backward(loss)
         grad_norm = run.steps.step(micro_step)
+
+The strategy also owns its checkpoint format: ``run.save_checkpoint`` writes the model and
+optimizer the strategy's way (one ``state.pt`` from rank 0, DCP shards, DeepSpeed's files)
+beside the plain run state every format shares, and ``run.load_checkpoint`` reads them back.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from gpu_training.amp import MixedPrecisionTrainer, resolve_precision
+from gpu_training.checkpoint import CheckpointManager
 from gpu_training.config import TrainingConfig
 from gpu_training.ddp import DistributedContext, resolve_device
+from gpu_training.resume import load_model_and_optimizer, plain_training_state
 from gpu_training.strategy.deepspeed import (
     build_deepspeed_config,
     deepspeed_initialize,
@@ -84,6 +91,96 @@ class Prepared:
     deepspeed_config: dict[str, Any] | None = None
     """deepspeed: the filled config it was initialised with."""
 
+    @property
+    def checkpoint_format(self) -> str:
+        """``"torch"``, ``"dcp"`` (fsdp) or ``"deepspeed"``: how :meth:`save_checkpoint` writes."""
+        return self.strategy.checkpoint_format
+
+    def save_checkpoint(
+        self,
+        ckpt: CheckpointManager,
+        run_state: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
+    ) -> Path | None:
+        """Saves the model and optimizer in this strategy's format, with the run state; every rank.
+
+        Args:
+            ckpt: Where to save.
+            run_state: What :func:`~gpu_training.resume.capture_run_state` returned (its
+                ``step`` is the checkpoint's).
+            extra: Plain data of the caller's, given back by :meth:`load_checkpoint`.
+
+        Returns:
+            The checkpoint directory on rank 0, None on the other ranks.
+
+        Raises:
+            CheckpointError: On every rank if the save failed (nothing is pruned then).
+        """
+        step = int(run_state["step"])
+        if self.checkpoint_format == "torch":
+            state = plain_training_state(run_state, self.model, self.optimizer, extra)
+            return ckpt.save(state, step=step)
+        # model and optimizer go their own way; the rest is plain, in extra.pt
+        plain = {**(extra or {}), **run_state}
+        if self.checkpoint_format == "deepspeed":
+            return ckpt.save_deepspeed(self.engine, step, extra=plain)
+        return ckpt.save_sharded(self.model, self.optimizer, step, extra=plain)
+
+    def load_checkpoint(
+        self, ckpt: CheckpointManager, path: str | os.PathLike[str] | int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Loads the model and optimizer in place from a checkpoint :meth:`save_checkpoint` wrote.
+
+        Every rank calls it. The run state comes back for
+        :func:`~gpu_training.resume.restore_run_state`, the one place that puts it back
+        whatever the format.
+
+        Args:
+            ckpt: Where to load from.
+            path: The checkpoint directory or step.
+
+        Returns:
+            ``(run_state, extra)``: the run state saved, and the caller's extra.
+
+        Raises:
+            CheckpointError: If the checkpoint is missing, damaged, of another format or
+                refused by the allow-lists.
+        """
+        if self.checkpoint_format == "torch":
+            state = ckpt.load(path)
+            load_model_and_optimizer(state, self.model, self.optimizer)
+            return state, dict(state.get("extra") or {})
+        if self.checkpoint_format == "deepspeed":
+            plain = ckpt.load_deepspeed(self.engine, path)
+        else:
+            plain = ckpt.load_sharded(self.model, self.optimizer, path)
+        return plain, plain
+
+
+def _speed_up(
+    model: nn.Module,
+    spec: StrategyConfig,
+    device: torch.device,
+    precision: str,
+    *,
+    compile: bool,
+    tf32: bool | None,
+) -> None:
+    """TF32 and ``torch.compile``, before wrapping."""
+    if device.type == "cuda":
+        allow = tf32 if tf32 is not None else precision in ("bf16", "fp16")
+        torch.backends.cuda.matmul.allow_tf32 = allow
+        torch.backends.cudnn.allow_tf32 = allow
+    if not compile:
+        return
+    if spec.name == "fsdp":
+        spec_blocks = spec.block_classes
+        blocks = find_blocks(model, spec_blocks) if spec_blocks else detect_blocks(model)
+        for _, block in blocks:  # one graph per FSDP unit, compiled in place
+            block.compile()
+    else:
+        model.compile()  # in place: state_dict keys keep no "_orig_mod." prefix
+
 
 def prepare(
     model: nn.Module,
@@ -95,6 +192,8 @@ def prepare(
     optimizer: OptimizerFactory | None = None,
     deepspeed_config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
     total_steps: int | None = None,
+    compile: bool = False,
+    tf32: bool | None = None,
 ) -> Prepared:
     """Wrap ``model`` for ``strategy``, build its optimizer and the step functions.
 
@@ -115,6 +214,9 @@ def prepare(
         optimizer: Optimizer factory (default: :func:`default_optimizer`).
         deepspeed_config: A DeepSpeed config (mapping or file) for ``deepspeed``.
         total_steps: Run length, for a DeepSpeed scheduler's ``"auto"`` total steps.
+        compile: ``torch.compile`` the model in place before wrapping (under FSDP each
+            block: one graph per FSDP unit).
+        tf32: TF32 matmuls on a CUDA device (default: on for bf16/fp16, off for fp32).
 
     Returns:
         A :class:`Prepared` bundle.
@@ -127,6 +229,7 @@ def prepare(
     dev = torch.device(device) if device is not None else resolve_device(ctx)
     precision = resolve_precision(config.precision, dev)
     make_optimizer = optimizer if optimizer is not None else default_optimizer(config)
+    _speed_up(model, spec, dev, precision, compile=compile, tf32=tf32)
     if spec.name == "deepspeed":
         ds_config = build_deepspeed_config(
             deepspeed_config if deepspeed_config is not None else spec.deepspeed_config,

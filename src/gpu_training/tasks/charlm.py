@@ -243,8 +243,7 @@ class CharTransformer(nn.Module):
         self.apply(self._init_weights)
         # Tied embedding at 1/sqrt(width), not 0.02: with 0.02, Adam's first steps at lr 3e-3
         # push every row along one shared "unigram" direction and the loss stalls there
-        # (measured, 4 × 128 wide, batch 32 × 64: ≈ 3.0 nats after 55 steps in 5 of 5 seeds;
-        # 2.32-2.51 after 60 with this).
+        # (benchmarks/README.md, "Traps").
         nn.init.normal_(self.wte.weight, mean=0.0, std=config.n_embd**-0.5)
         residual_std = 0.02 / math.sqrt(2 * config.n_layer)
         for block in self.blocks:
