@@ -51,7 +51,6 @@ from gpu_training.ddp import (
     resolve_device,
     unwrap_model,
 )
-from gpu_training.diagnostics.watchdog import StallWatchdog
 from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
 from gpu_training.reporting import MetricsWriter, plot_metrics
@@ -70,6 +69,7 @@ from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, build_task, count_scored
 from gpu_training.throughput import ThroughputMeter
 from gpu_training.trackers import tracker_params
+from gpu_training.watchdog import StallWatchdog
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
 

@@ -16,9 +16,9 @@
 - :mod:`~gpu_training.diagnostics.doctor` — the environment as a job will see it
   (``gpu-training doctor``); :mod:`~gpu_training.diagnostics.doctor_probe` checks several
   nodes with a tiny ``torchrun`` job.
-- :mod:`~gpu_training.diagnostics.watchdog` — hangs that name the rank: :func:`entry_point`,
+- :mod:`~gpu_training.watchdog` — hangs that name the rank: :func:`entry_point`,
   :func:`enable_debug_mode`, :func:`monitored_barrier`, :class:`StallWatchdog`; what a stalled
-  rank reports, and how the ranks' reports meet, in :mod:`~gpu_training.diagnostics.stall_report`.
+  rank reports, and how the ranks' reports meet, in :mod:`~gpu_training.stall_report`.
 
 Names resolve lazily (``lint`` and ``doctor`` must not pay for ``import torch``).
 """
@@ -45,13 +45,13 @@ _EXPORTS: dict[str, str] = {
     "run_verify": "verify_launch",
     "DoctorCheck": "doctor",
     "run_doctor": "doctor",
-    "EXIT_STALLED": "watchdog",
-    "StallWatchdog": "watchdog",
-    "StallReport": "watchdog",
-    "enable_debug_mode": "watchdog",
-    "debug_mode_enabled": "watchdog",
-    "entry_point": "watchdog",
-    "monitored_barrier": "watchdog",
+    "EXIT_STALLED": ".watchdog",
+    "StallWatchdog": ".watchdog",
+    "StallReport": ".watchdog",
+    "enable_debug_mode": ".watchdog",
+    "debug_mode_enabled": ".watchdog",
+    "entry_point": ".watchdog",
+    "monitored_barrier": ".watchdog",
 }
 
 __all__ = [
@@ -94,7 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         verify_setup,
     )
     from gpu_training.diagnostics.verify_launch import run_verify
-    from gpu_training.diagnostics.watchdog import (
+    from gpu_training.watchdog import (
         EXIT_STALLED,
         StallReport,
         StallWatchdog,

@@ -217,6 +217,6 @@ def _probe_worker(result: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "--probe":
         raise SystemExit("usage: python -m gpu_training.diagnostics.doctor_probe --probe RESULT")
-    from gpu_training.diagnostics.watchdog import entry_point
+    from gpu_training.watchdog import entry_point
 
     entry_point(_probe_worker)(sys.argv[2])

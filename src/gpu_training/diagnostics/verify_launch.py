@@ -232,7 +232,7 @@ def run_verify(
 
 
 def _main(argv: Sequence[str]) -> None:
-    from gpu_training.diagnostics.watchdog import entry_point
+    from gpu_training.watchdog import entry_point
 
     if len(argv) != 2:
         raise SystemExit("usage: python -m gpu_training.diagnostics.verify_launch SPEC RESULT")
