@@ -118,7 +118,7 @@ def _run_lint(args: argparse.Namespace) -> int:
         format_text,
         lint_paths,
     )
-    from gpu_training.diagnostics.lint_rules import RULES, explain
+    from gpu_training.diagnostics.lint.rules import RULES, explain
 
     if args.explain is not None:
         try:

@@ -2,11 +2,11 @@
 
 - :mod:`~gpu_training.diagnostics.lint` — static checks of a training script, one rule per
   pitfall of the guides (``gpu-training lint``); rule texts in
-  :mod:`~gpu_training.diagnostics.lint_rules`, what names stand for in
-  :mod:`~gpu_training.diagnostics.lint_model`, the walk in
-  :mod:`~gpu_training.diagnostics.lint_checks` with the rank analysis
-  (:mod:`~gpu_training.diagnostics.lint_ranks`) and the training-loop analysis
-  (:mod:`~gpu_training.diagnostics.lint_training_loop`). No torch.
+  :mod:`~gpu_training.diagnostics.lint.rules`, what names stand for in
+  :mod:`~gpu_training.diagnostics.lint.model`, the walk in
+  :mod:`~gpu_training.diagnostics.lint.checks` with the rank analysis
+  (:mod:`~gpu_training.diagnostics.lint.ranks`) and the training-loop analysis
+  (:mod:`~gpu_training.diagnostics.lint.training_loop`). No torch.
 - :mod:`~gpu_training.diagnostics.verify` — run a user's model and data on N ranks and prove
   sharding, gradient averaging, accumulation and checkpoint round-trips right
   (``gpu-training verify``); :func:`assert_grads_in_sync` for a training loop. The checks,
@@ -34,9 +34,9 @@ _EXPORTS: dict[str, str] = {
     "LintError": "lint",
     "lint_paths": "lint",
     "lint_source": "lint",
-    "RULES": "lint_rules",
-    "Rule": "lint_rules",
-    "explain": "lint_rules",
+    "RULES": "lint",
+    "Rule": "lint",
+    "explain": "lint",
     "VerifyReport": "verify",
     "CheckResult": "verify",
     "GradientSyncError": "verify",
@@ -85,7 +85,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from gpu_training.diagnostics.doctor import DoctorCheck, run_doctor
     from gpu_training.diagnostics.lint import Finding, LintError, lint_paths, lint_source
-    from gpu_training.diagnostics.lint_rules import RULES, Rule, explain
+    from gpu_training.diagnostics.lint.rules import RULES, Rule, explain
     from gpu_training.diagnostics.verify import (
         CheckResult,
         GradientSyncError,
