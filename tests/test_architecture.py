@@ -52,7 +52,6 @@ OVERSIZE_ALLOWED = {
     "config",
     "ddp",
     "diagnostics.doctor",
-    "diagnostics.verify_checks",
     "memory.estimate",
     "trainer",
 }
@@ -213,11 +212,6 @@ PRIVATE_ALLOWED: dict[tuple[str, str], set[str]] = {
     ("checkpoint.sharded", "checkpoint.dcp_read"): {"_SafeLoadPlanner", "_SafeReader"},
     ("checkpoint.zero", "checkpoint.collective"): {"_Attempt", "_distributed", "_settle"},
     ("commands.monitor", "monitor"): {"_with_processes"},
-    ("diagnostics.verify", "diagnostics.verify_checks"): {
-        "_diff_from_rank0",
-        "_distributed",
-        "_wrap",
-    },
     ("job", "config"): {"_check_int", "_check_optional_int"},
     ("memory.measure", "memory.live_tensors"): {"_storage_bytes"},
     ("monitor", "monitor.query"): {"_with_processes"},

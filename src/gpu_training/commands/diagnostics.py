@@ -233,7 +233,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     from gpu_training.cli import UsageError
     from gpu_training.config import ConfigError, parse_override
     from gpu_training.diagnostics.verify import VerifyInputError
-    from gpu_training.diagnostics.verify_launch import run_verify
+    from gpu_training.diagnostics.verify.launch import run_verify
 
     chosen = [
         name

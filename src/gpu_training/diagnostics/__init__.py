@@ -10,8 +10,8 @@
 - :mod:`~gpu_training.diagnostics.verify` — run a user's model and data on N ranks and prove
   sharding, gradient averaging, accumulation and checkpoint round-trips right
   (``gpu-training verify``); :func:`assert_grads_in_sync` for a training loop. The checks,
-  one function each, are in :mod:`~gpu_training.diagnostics.verify_checks`.
-- :mod:`~gpu_training.diagnostics.verify_launch` — :func:`run_verify`: the same on N ranks
+  one function each, are in :mod:`~gpu_training.diagnostics.verify.checks`.
+- :mod:`~gpu_training.diagnostics.verify.launch` — :func:`run_verify`: the same on N ranks
   started with ``torchrun``.
 - :mod:`~gpu_training.diagnostics.doctor` — the environment as a job will see it
   (``gpu-training doctor``); :mod:`~gpu_training.diagnostics.doctor_probe` checks several
@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     "GradientSyncError": "verify",
     "assert_grads_in_sync": "verify",
     "verify_setup": "verify",
-    "run_verify": "verify_launch",
+    "run_verify": "verify",
     "DoctorCheck": "doctor",
     "run_doctor": "doctor",
     "EXIT_STALLED": ".watchdog",
@@ -93,7 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         assert_grads_in_sync,
         verify_setup,
     )
-    from gpu_training.diagnostics.verify_launch import run_verify
+    from gpu_training.diagnostics.verify.launch import run_verify
     from gpu_training.watchdog import (
         EXIT_STALLED,
         StallReport,
