@@ -51,7 +51,6 @@ OVERSIZE_ALLOWED = {
     "commands.plan",
     "config",
     "ddp",
-    "diagnostics.doctor",
     "memory.estimate",
     "trainer",
 }

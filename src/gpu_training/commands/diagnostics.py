@@ -343,7 +343,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
         format_report,
         run_doctor,
     )
-    from gpu_training.diagnostics.doctor_probe import probe_nodes
+    from gpu_training.diagnostics.doctor.probe import probe_nodes
     from gpu_training.launcher import parse_endpoint
 
     if args.nnodes > 1 and args.rdzv_endpoint is None:
