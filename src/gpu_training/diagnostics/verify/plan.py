@@ -32,9 +32,7 @@ __all__ = [
 ]
 
 Batch = tuple[Any, Any]
-
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
 AccumulateFn = Callable[[nn.Module, Sequence[Batch], LossFn], None]
 
 
@@ -43,7 +41,7 @@ class CheckResult:
     """One check's verdict.
 
     Attributes:
-        name: One of :data:`~gpu_training.diagnostics.verify.CHECKS`.
+        name: One of :data:`~gpu_training.diagnostics.verify.report.CHECKS`.
         passed: The verdict (identical on every rank).
         detail: The numbers behind it, one line.
     """
@@ -103,7 +101,7 @@ class VerifyPlan:
         return max(self.global_batch, self.ctx.world_size)
 
     def describe(self) -> str:
-        """One line for :attr:`VerifyReport.setup`."""
+        """One line for :attr:`~gpu_training.diagnostics.verify.report.VerifyReport.setup`."""
         ctx = self.ctx
         return (
             f"{ctx.world_size} rank(s){f' ({ctx.backend})' if ctx.backend else ''}, micro-batch "
@@ -205,7 +203,7 @@ class _SyncCounter:
 
 @dataclass
 class VerifyModels:
-    """The models the gradient and checkpoint checks share and advance, in :data:`CHECKS` order.
+    """The models the gradient and checkpoint checks share and advance, in the checks' order.
 
     Attributes:
         wrapped: The model under test: DDP-wrapped when distributed, else the bare model.
