@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_training.diagnostics.lint import LintReport, lint_paths
-from gpu_training.diagnostics.lint_rules import BUG, HYGIENE, RULES
+from gpu_training.diagnostics.lint.rules import BUG, HYGIENE, RULES
 
 TABLE = Path(__file__).resolve().parent / "lint_eval_table.csv"
 FIELDS = ("repo", "commit", "path", "line", "rule", "severity", "verdict", "why")

@@ -16,9 +16,6 @@ import gpu_training
 from dist_harness import REPO_ROOT, find_free_port, run_python
 from gpu_training.cli import main
 from gpu_training.diagnostics.doctor import (
-    FAIL,
-    OK,
-    WARN,
     DoctorCheck,
     Facts,
     GpuInfo,
@@ -27,8 +24,9 @@ from gpu_training.diagnostics.doctor import (
     run_doctor,
     visible_device_count,
 )
-from gpu_training.diagnostics.doctor_probe import probe_nodes
-from gpu_training.diagnostics.environment import EXTRAS, extra_versions, summary_line
+from gpu_training.diagnostics.doctor.environment import EXTRAS, extra_versions, summary_line
+from gpu_training.diagnostics.doctor.probe import probe_nodes
+from gpu_training.diagnostics.doctor.report import FAIL, OK, WARN
 
 
 def _by_name(checks: list[DoctorCheck]) -> dict[str, DoctorCheck]:

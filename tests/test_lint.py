@@ -29,7 +29,7 @@ from gpu_training.diagnostics.lint import (
     lint_source,
     select_rules,
 )
-from gpu_training.diagnostics.lint_rules import GUIDES, RULES, explain
+from gpu_training.diagnostics.lint.rules import GUIDES, RULES, explain
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus"
 BAD = CORPUS / "bad"
@@ -352,6 +352,19 @@ def test_lint_imports_no_torch() -> None:
         "import sys\nfrom gpu_training.cli import main\n"
         f"rc = main(['lint', {str(EXAMPLES)!r}])\n"
         "assert 'torch' not in sys.modules, 'lint imported torch'\nsys.exit(rc)\n"
+    )
+    proc = run_python(["-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_lint_package_and_its_modules_import_no_torch() -> None:
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import gpu_training.diagnostics.lint as lint\n"
+        "from gpu_training.diagnostics import RULES, lint_source\n"
+        "for info in pkgutil.iter_modules(lint.__path__, lint.__name__ + '.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "assert 'torch' not in sys.modules, 'importing the linter imported torch'\n"
     )
     proc = run_python(["-c", code], timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr

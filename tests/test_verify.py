@@ -410,7 +410,7 @@ def test_bad_input_one_line(
 
 
 def test_setup_from_a_job_file_or_import_strings(tmp_path: Path) -> None:
-    from gpu_training.diagnostics.verify_launch import _resolve, _Spec
+    from gpu_training.diagnostics.verify.launch import _resolve, _Spec
 
     job = tmp_path / "job.yaml"
     job.write_text(

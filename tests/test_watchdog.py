@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from dist_harness import run_script
-from gpu_training.diagnostics import watchdog as wd
-from gpu_training.diagnostics.stall_report import _raised_state
-from gpu_training.diagnostics.watchdog import (
+from gpu_training import watchdog as wd
+from gpu_training.stall_report import raised_state, stall_verdict
+from gpu_training.watchdog import (
     EXIT_STALLED,
     StallWatchdog,
     debug_mode_enabled,
@@ -232,13 +232,13 @@ def test_verdicts() -> None:
         0: {"state": "collective", "op": "all_reduce", "where": "train.py:10 in main"},
         1: {"state": "collective", "op": "broadcast", "where": "train.py:12 in main"},
     }
-    culprits, text = wd._verdict(states, 2, 30)
+    culprits, text = stall_verdict(states, 2, 30)
     assert culprits == [] and "different collectives" in text
     assert "rank 0 waiting in all_reduce" in text and "rank 1 waiting in broadcast" in text
-    culprits, text = wd._verdict({0: states[0]}, 3, 30)
+    culprits, text = stall_verdict({0: states[0]}, 3, 30)
     assert culprits == [1, 2] and "did not answer" in text
     raised = {"state": "raised", "op": "ValueError: bad batch", "where": "data.py:7 in load"}
-    culprits, text = wd._verdict({0: states[0], 1: raised}, 2, 30)
+    culprits, text = stall_verdict({0: states[0], 1: raised}, 2, 30)
     assert culprits == [1]
     assert text.startswith("rank 1 raised ValueError: bad batch at data.py:7 in load")
     assert "rank 0 waiting in all_reduce" in text
@@ -251,7 +251,7 @@ def test_raised_state_points_at_the_programs_frame() -> None:
     try:
         load()
     except ValueError as exc:
-        state = _raised_state(exc)
+        state = raised_state(exc)
     assert state["state"] == "raised" and state["op"] == "ValueError: bad batch"
     assert state["where"].endswith("in load") and "test_watchdog.py" in state["where"]
 

@@ -102,10 +102,11 @@ _EXPORTS: dict[str, str] = {
     "run_verify": "diagnostics",
     "assert_grads_in_sync": "diagnostics",
     "run_doctor": "diagnostics",
-    "StallWatchdog": "diagnostics",
-    "enable_debug_mode": "diagnostics",
-    "entry_point": "diagnostics",
-    "monitored_barrier": "diagnostics",
+    # the stall watchdog and entry point (torch imported when used)
+    "StallWatchdog": "watchdog",
+    "enable_debug_mode": "watchdog",
+    "entry_point": "watchdog",
+    "monitored_barrier": "watchdog",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -22,9 +22,11 @@ def lazy_exports(
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of ``package``.
 
-    ``exports`` maps each public name to the submodule (relative to ``package``) that
-    defines it; ``public`` is what ``dir(package)`` lists (its ``__all__``). A resolved name
-    is cached in the package's namespace, so later lookups do not come back here.
+    ``exports`` maps each public name to the module that defines it, relative to
+    ``package``: a submodule (``"lint"``), or with a leading dot a module beside the package
+    (``".watchdog"`` from ``gpu_training.diagnostics`` is ``gpu_training.watchdog``);
+    ``public`` is what ``dir(package)`` lists (its ``__all__``). A resolved name is cached in
+    the package's namespace, so later lookups do not come back here.
     """
     names = sorted(public)
 
@@ -32,7 +34,7 @@ def lazy_exports(
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        value = getattr(importlib.import_module(f".{module}", package), name)
         setattr(sys.modules[package], name, value)
         return value
 

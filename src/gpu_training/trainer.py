@@ -48,7 +48,6 @@ from gpu_training.ddp import (
     resolve_device,
     unwrap_model,
 )
-from gpu_training.diagnostics.watchdog import StallWatchdog
 from gpu_training.evaluation import EvalShard, eval_shard, evaluate
 from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
@@ -62,6 +61,7 @@ from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, build_task, count_scored
 from gpu_training.throughput import ThroughputMeter
 from gpu_training.trackers import tracker_params
+from gpu_training.watchdog import StallWatchdog
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
 

@@ -25,7 +25,7 @@ from gpu_training.ddp import (
     make_distributed_sampler,
     reduce_scalar_dict,
 )
-from gpu_training.diagnostics.watchdog import StallWatchdog, entry_point
+from gpu_training.watchdog import StallWatchdog, entry_point
 
 STEPS, BATCH = 12, 4
 

@@ -118,7 +118,7 @@ def _run_lint(args: argparse.Namespace) -> int:
         format_text,
         lint_paths,
     )
-    from gpu_training.diagnostics.lint_rules import RULES, explain
+    from gpu_training.diagnostics.lint.rules import RULES, explain
 
     if args.explain is not None:
         try:
@@ -233,7 +233,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     from gpu_training.cli import UsageError
     from gpu_training.config import ConfigError, parse_override
     from gpu_training.diagnostics.verify import VerifyInputError
-    from gpu_training.diagnostics.verify_launch import run_verify
+    from gpu_training.diagnostics.verify.launch import run_verify
 
     chosen = [
         name
@@ -343,7 +343,7 @@ def _run_doctor(args: argparse.Namespace) -> int:
         format_report,
         run_doctor,
     )
-    from gpu_training.diagnostics.doctor_probe import probe_nodes
+    from gpu_training.diagnostics.doctor.probe import probe_nodes
     from gpu_training.launcher import parse_endpoint
 
     if args.nnodes > 1 and args.rdzv_endpoint is None:

@@ -2,7 +2,7 @@
 
 On the launching host :mod:`gpu_training.preflight` checks the job first; with ``--nproc N``
 outside torchrun, torchrun is started (:func:`gpu_training.launcher.run_torchrun`); inside a
-rank the Trainer runs under :func:`~gpu_training.diagnostics.watchdog.entry_point`, bad input
+rank the Trainer runs under :func:`~gpu_training.watchdog.entry_point`, bad input
 found there is one line and exit 2, and a failed rank ends at once.
 """
 
@@ -180,10 +180,10 @@ def _run_train(args: argparse.Namespace) -> int:
         _validate_job(job, args)
     if args.nproc > 1 and not _under_launcher():
         return _launch_workers(args)
-    from gpu_training.diagnostics.watchdog import entry_point
     from gpu_training.failure import end_failed_rank
     from gpu_training.preemption import EXIT_PREEMPTED
     from gpu_training.trainer import Trainer
+    from gpu_training.watchdog import entry_point
 
     # the rank that raised, with its traceback, is what torchrun reports
     trainer = Trainer(

@@ -1,9 +1,9 @@
-"""Run :func:`~gpu_training.diagnostics.verify.verify_setup` on N ranks from one call.
+"""Run :func:`~gpu_training.diagnostics.verify.report.verify_setup` on N ranks from one call.
 
 :func:`run_verify` (what ``gpu-training verify`` calls) resolves the setup — a built-in task,
 import strings for the model, data and loss, or a job file — in this process first, so a typo
 fails before any process starts, then starts ``torchrun`` with this module as the workers'
-entry point (``python -m gpu_training.diagnostics.verify_launch SPEC RESULT``). Rank 0 writes
+entry point (``python -m gpu_training.diagnostics.verify.launch SPEC RESULT``). Rank 0 writes
 the report as JSON; the caller reads it back.
 
 Example:
@@ -27,8 +27,8 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from gpu_training.ddp import DistributedContext
-from gpu_training.diagnostics.verify import (
-    AccumulateFn,
+from gpu_training.diagnostics.verify.plan import AccumulateFn
+from gpu_training.diagnostics.verify.report import (
     SamplerFn,
     VerifyInputError,
     VerifyReport,
@@ -93,7 +93,7 @@ def _resolve(spec: _Spec) -> tuple[Any, SamplerFn | None, AccumulateFn | None]:
 
 
 def _worker(spec_json: str, result_path: str) -> None:
-    """One rank of :func:`run_verify` (``python -m gpu_training.diagnostics.verify_launch``)."""
+    """One rank of :func:`run_verify` (``python -m gpu_training.diagnostics.verify.launch``)."""
     from gpu_training.ddp import cleanup_distributed, init_distributed
 
     spec = _Spec(**json.loads(spec_json))
@@ -212,7 +212,7 @@ def run_verify(
             "--standalone",
             f"--nproc_per_node={nproc}",
             "-m",
-            "gpu_training.diagnostics.verify_launch",
+            "gpu_training.diagnostics.verify.launch",
             json.dumps(asdict(spec)),
             str(result),
         ]
@@ -232,10 +232,10 @@ def run_verify(
 
 
 def _main(argv: Sequence[str]) -> None:
-    from gpu_training.diagnostics.watchdog import entry_point
+    from gpu_training.watchdog import entry_point
 
     if len(argv) != 2:
-        raise SystemExit("usage: python -m gpu_training.diagnostics.verify_launch SPEC RESULT")
+        raise SystemExit("usage: python -m gpu_training.diagnostics.verify.launch SPEC RESULT")
     entry_point(_worker)(argv[0], argv[1])
 
 

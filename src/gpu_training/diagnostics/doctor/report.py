@@ -6,13 +6,13 @@ kernel; network interfaces and the ``NCCL_*``/``GLOO_*`` socket variables; this 
 version and every optional extra's (read from the installed metadata, nothing imported); the
 rendezvous endpoint; free disk where checkpoints go. Each line is ``OK``, ``WARN`` or
 ``FAIL`` with a fix, under a one-line summary to paste into a bug report
-(:mod:`~gpu_training.diagnostics.environment`). With ``--nnodes`` and
+(:mod:`~gpu_training.diagnostics.doctor.environment`). With ``--nnodes`` and
 ``--rdzv-endpoint`` (run the same command on every node) it also starts a tiny ``torchrun``
-job across the nodes (:mod:`~gpu_training.diagnostics.doctor_probe`) and checks that the
+job across the nodes (:mod:`~gpu_training.diagnostics.doctor.probe`) and checks that the
 versions match everywhere and an all-reduce completes.
 
-Facts are gathered by :func:`collect_facts` and judged by :func:`judge`, a pure function, so
-each verdict can be tested with made-up machines.
+Facts are gathered by :func:`~gpu_training.diagnostics.doctor.environment.collect_facts` and
+judged by :func:`judge`, a pure function, so each verdict can be tested with made-up machines.
 
 Example:
     >>> facts = Facts(python="3.11.7", torch="2.13.0", cuda_build=None, cuda_available=False,
@@ -29,27 +29,24 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import socket
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_training.diagnostics.environment import (
-    cpu_model,
+from gpu_training.diagnostics.doctor.environment import (
+    SHOWN_VARS,
+    SOCKET_VARS,
+    Facts,
+    collect_facts,
     environment,
-    extra_versions,
-    os_distro,
     summary_line,
 )
 
 __all__ = [
     "DoctorCheck",
-    "Facts",
-    "GpuInfo",
-    "collect_facts",
     "exit_code",
     "format_json",
     "format_report",
@@ -60,17 +57,6 @@ __all__ = [
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 _MIN_TORCH = (2, 10)
-_SOCKET_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-_SHOWN_VARS = (
-    "NCCL_DEBUG",
-    "NCCL_IB_DISABLE",
-    "NCCL_P2P_DISABLE",
-    "NCCL_NET_GDR_LEVEL",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    "TORCH_DISTRIBUTED_DEBUG",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 
 @dataclass(frozen=True)
@@ -93,53 +79,6 @@ class DoctorCheck:
         """``STATUS name value`` (and ``-> fix`` on the next line), the name padded to ``width``."""
         line = f"{self.status:<5} {self.name:<{width}} {self.value}"
         return f"{line}\n{'':<{width + 7}}-> {self.fix}" if self.fix else line
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One visible GPU."""
-
-    index: int
-    name: str
-    memory_gib: float
-    capability: str = ""
-
-
-@dataclass
-class Facts:
-    """What :func:`collect_facts` found (every field may be filled by hand for tests)."""
-
-    python: str = ""
-    torch: str = ""
-    cuda_build: str | None = None
-    cuda_available: bool = False
-    cudnn: int | None = None
-    nccl: str | None = None
-    nccl_available: bool = False
-    gloo_available: bool = True
-    gpus: list[GpuInfo] = field(default_factory=list)
-    driver: str | None = None
-    bf16: bool | None = None
-    cpus: int = 1
-    memory_gib: float | None = None
-    interfaces: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    package: str = ""
-    """This package's version (``gpu_training.__version__``)."""
-    system: str = ""
-    """``platform.system()``: ``Linux``, ``Darwin``..."""
-    kernel: str = ""
-    """``platform.release()``: the kernel's release."""
-    machine: str = ""
-    """``platform.machine()``: ``x86_64``, ``aarch64``..."""
-    distro: str | None = None
-    """The OS's name (``PRETTY_NAME`` of ``/etc/os-release``), when known."""
-    cpu_model: str | None = None
-    """The CPU's model name, when known."""
-    cpu_count: int | None = None
-    """Logical CPUs of the machine (``cpus`` is how many this process may use)."""
-    extras: dict[str, str | None] = field(default_factory=dict)
-    """Each optional extra's package -> its version, None when not installed."""
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -174,84 +113,6 @@ def visible_device_count(value: str | None) -> int | None:
             break
         count += 1
     return count
-
-
-def collect_facts(env: Mapping[str, str] | None = None) -> Facts:
-    """The versions, devices, interfaces and variables of this machine (imports torch).
-
-    Args:
-        env: The environment to report (default ``os.environ``).
-    """
-    import torch
-    import torch.distributed as dist
-
-    env = dict(os.environ if env is None else env)
-    facts = Facts(python=platform.python_version(), torch=torch.__version__)
-    facts.cuda_build = torch.version.cuda
-    facts.cuda_available = torch.cuda.is_available()
-    facts.nccl_available = dist.is_available() and dist.is_nccl_available()
-    facts.gloo_available = dist.is_available() and dist.is_gloo_available()
-    if facts.cuda_build:
-        try:
-            nccl = torch.cuda.nccl.version()
-            facts.nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-        except Exception:  # an NCCL-less build
-            facts.nccl = None
-        facts.cudnn = (
-            torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        )
-    if facts.cuda_available:
-        for index in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(index)
-            facts.gpus.append(
-                GpuInfo(
-                    index, props.name, props.total_memory / 2**30, f"{props.major}.{props.minor}"
-                )
-            )
-        facts.bf16 = bool(torch.cuda.is_bf16_supported())
-        facts.driver = _driver_version()
-    facts.cpus = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-    try:
-        import psutil
-
-        facts.memory_gib = psutil.virtual_memory().total / 2**30
-    except ImportError:
-        facts.memory_gib = None
-    try:
-        facts.interfaces = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        facts.interfaces = []
-    keep = (*_SOCKET_VARS, *_SHOWN_VARS, "CUDA_VISIBLE_DEVICES")
-    facts.env = {k: env[k] for k in keep if k in env}
-    from gpu_training import __version__
-
-    facts.package = __version__
-    facts.system, facts.kernel, facts.machine = (
-        platform.system(),
-        platform.release(),
-        platform.machine(),
-    )
-    facts.distro = os_distro()
-    facts.cpu_model = cpu_model()
-    facts.cpu_count = os.cpu_count()
-    facts.extras = extra_versions()
-    return facts
-
-
-def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:  # no NVML: the driver is still there if CUDA works
-        return None
 
 
 def _interfaces_match(spec: str, interfaces: Sequence[str]) -> list[str]:
@@ -490,7 +351,7 @@ def judge(
         distro = f", {facts.distro}" if facts.distro else ""
         add(DoctorCheck("os", OK, f"{facts.system} {facts.kernel} {facts.machine}{distro}"))
     checks += _network_checks(facts, nnodes)
-    shown = [f"{k}={facts.env[k]}" for k in _SHOWN_VARS if k in facts.env]
+    shown = [f"{k}={facts.env[k]}" for k in SHOWN_VARS if k in facts.env]
     add(
         DoctorCheck(
             "variables", OK, ", ".join(shown) if shown else "no NCCL_*/TORCH_* debug variables set"
@@ -550,7 +411,7 @@ def _network_checks(facts: Facts, nnodes: int) -> list[DoctorCheck]:
     ifaces = facts.interfaces
     external = [i for i in ifaces if i != "lo" and not i.startswith(("docker", "veth", "br-"))]
     checks.append(DoctorCheck("interfaces", OK, ", ".join(ifaces) if ifaces else "none found"))
-    for var in _SOCKET_VARS:
+    for var in SOCKET_VARS:
         value = facts.env.get(var)
         if value is None:
             if nnodes > 1 and len(external) > 1:

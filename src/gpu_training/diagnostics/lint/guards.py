@@ -8,7 +8,7 @@ A guard is recognised by what it computes, not by its spelling:
   an attribute assigned such a test anywhere in the project, ``args.is_master = ...``);
 * a call of a function of the project whose body returns such a test
   (``def is_main_process(): return get_rank() == 0``, however it is named, in whichever
-  module), as :mod:`~gpu_training.diagnostics.lint_project` summarises it.
+  module), as :mod:`~gpu_training.diagnostics.lint.project` summarises it.
 
 Only names nobody here can read — attributes of a framework's objects
 (``accelerator.is_main_process``, ``fabric.is_global_zero``) or functions of an installed
@@ -19,7 +19,7 @@ is :func:`guard_locality`.
 
 Example:
     >>> import ast
-    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> tree = ast.parse("master = ddp_rank == 0\\nif not master: pass\\n")
     >>> facts = ModuleFacts(tree)
     >>> classify_guard(facts, tree.body[1].test, facts.module_scope)
@@ -33,7 +33,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 
-from gpu_training.diagnostics.lint_model import (
+from gpu_training.diagnostics.lint.model import (
     RANK_CALLS,
     ModuleFacts,
     Scope,
@@ -334,7 +334,7 @@ def single_process(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
 
     Example:
         >>> import ast
-        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
         >>> facts = ModuleFacts(ast.parse(""))
         >>> single_process(facts, ast.parse("not args.distributed", mode="eval").body,
         ...                facts.module_scope)
@@ -348,7 +348,7 @@ def single_rank(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
 
     Example:
         >>> import ast
-        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
         >>> facts = ModuleFacts(ast.parse(""))
         >>> single_rank(facts, ast.parse("rank == 1", mode="eval").body, facts.module_scope)
         True
@@ -378,7 +378,7 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
 
     Example:
         >>> import ast
-        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
         >>> tree = ast.parse("g = dist.get_rank()\\nv = evaluate(model, g)\\ng\\nv\\n")
         >>> facts = ModuleFacts(tree)
         >>> [rank_derived(facts, s.value, facts.module_scope) for s in tree.body[2:]]
@@ -493,7 +493,7 @@ def guard_locality(facts: ModuleFacts, test: ast.AST, scope: Scope, depth: int =
 
     Example:
         >>> import ast
-        >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
         >>> tree = ast.parse("gpu = int(os.environ['LOCAL_RANK'])\\nif gpu == 0: pass\\n")
         >>> facts = ModuleFacts(tree)
         >>> guard_locality(facts, tree.body[1].test, facts.module_scope)

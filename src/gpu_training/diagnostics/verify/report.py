@@ -27,10 +27,12 @@ the whole batch (SyncBatchNorm's business, not DDP's). The checkpoint round-trip
 :func:`~gpu_training.resume.capture_training_state`, as the Trainer does it.
 
 :func:`verify_setup` runs the checks inside an initialised process group (every rank calls
-it); :func:`~gpu_training.diagnostics.verify_launch.run_verify` starts ``torchrun`` for you;
-:func:`assert_grads_in_sync` is the one check to drop into a training loop. This module holds
-those entry points and the report; each check is a function of
-:mod:`~gpu_training.diagnostics.verify_checks`.
+it); :func:`~gpu_training.diagnostics.verify.launch.run_verify` starts ``torchrun`` for
+you; :func:`assert_grads_in_sync` is the one check to drop into a training loop. This module
+holds those entry points and the report; each check is a function of
+:mod:`~gpu_training.diagnostics.verify.checks` (those that train nothing) or
+:mod:`~gpu_training.diagnostics.verify.training_checks`, on the run they share
+(:mod:`~gpu_training.diagnostics.verify.plan`).
 
 Example:
     >>> import torch
@@ -45,7 +47,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -54,38 +55,32 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
-from gpu_training.ddp import DistributedContext, move_to_device, unwrap_model
-from gpu_training.diagnostics.verify_checks import (
+from gpu_training.ddp import DistributedContext, unwrap_model
+from gpu_training.diagnostics.verify.checks import check_data, check_init, check_sampler
+from gpu_training.diagnostics.verify.plan import (
     AccumulateFn,
-    Batch,
     CheckResult,
     LossFn,
-    _diff_from_rank0,
-    _distributed,
-    _wrap,
+    VerifyModels,
+    VerifyPlan,
+    default_accumulate,
+)
+from gpu_training.diagnostics.verify.ranks import diff_from_rank0, is_distributed
+from gpu_training.diagnostics.verify.training_checks import (
     check_accumulation,
     check_checkpoint,
-    check_data,
     check_grad_sync,
-    check_init,
     check_params_after_step,
-    check_sampler,
-    default_accumulate,
-    unused_parameters,
 )
 
 __all__ = [
     "CHECKS",
-    "CheckResult",
     "GradientSyncError",
     "VerifyInputError",
-    "VerifyModels",
-    "VerifyPlan",
     "VerifyReport",
     "assert_grads_in_sync",
-    "default_accumulate",
     "verify_setup",
 ]
 
@@ -191,7 +186,7 @@ def assert_grads_in_sync(
         >>> assert_grads_in_sync(model, DistributedContext())  # one process: nothing to compare
     """
     named = [(name, p.grad) for name, p in unwrap_model(model).named_parameters()]
-    results = _diff_from_rank0(named, ctx)
+    results = diff_from_rank0(named, ctx)
     scale = max((float(g.detach().abs().max()) for _, g in named if g is not None), default=0.0)
     allowed = atol + rtol * scale
     bad = [(rank, diff, name) for rank, (diff, name) in enumerate(results) if not diff <= allowed]
@@ -200,161 +195,6 @@ def assert_grads_in_sync(
         raise GradientSyncError(
             f"gradients out of sync: '{name}' on rank {rank} differs from rank 0 by {diff:.3g} "
             f"(allowed {allowed:.3g}); ranks out of sync: {[r for r, _, _ in bad]}"
-        )
-
-
-# --- the run the checks share -------------------------------------------------------------
-
-
-@dataclass
-class VerifyPlan:
-    """The run every check works on: the data, the loss, the batch layout, the tolerances.
-
-    One permutation of the dataset (:attr:`order`, the same on every rank) is cut into global
-    batches: global batch ``k`` is positions ``k*G .. (k+1)*G``, and rank ``r``'s micro-batch
-    ``a`` of it is the ``(r * accum_steps + a)``-th slice of ``batch_size`` samples.
-
-    Attributes:
-        dataset: Map-style dataset of ``(inputs, targets)`` pairs, the same on every rank.
-        loss_fn: ``loss_fn(model(inputs), targets)`` → the micro-batch mean loss.
-        ctx: This process's context.
-        device: Where the batches and models go.
-        batch_size: Per-device micro-batch.
-        accum_steps: Micro-batches per optimizer step in the accumulation check.
-        rtol: Relative gradient tolerance (of the largest reference gradient magnitude).
-        atol: Absolute gradient tolerance; also the tolerance for parameters across ranks.
-        seed: Seed for model initialisation and the batch permutation.
-        num_samples: ``len(dataset)``.
-        order: The permutation, drawn from ``seed``.
-    """
-
-    dataset: Dataset[Any]
-    loss_fn: LossFn
-    ctx: DistributedContext
-    device: torch.device
-    batch_size: int
-    accum_steps: int
-    rtol: float
-    atol: float
-    seed: int
-    num_samples: int = field(init=False)
-    order: list[int] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.num_samples = len(self.dataset)  # type: ignore[arg-type]
-        generator = torch.Generator().manual_seed(self.seed)
-        self.order = torch.randperm(self.num_samples, generator=generator).tolist()
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step over all ranks."""
-        return self.batch_size * self.accum_steps * self.ctx.world_size
-
-    @property
-    def allowed_tail(self) -> int:
-        """Samples a sampler may drop at the end of an epoch."""
-        return max(self.global_batch, self.ctx.world_size)
-
-    def describe(self) -> str:
-        """One line for :attr:`VerifyReport.setup`."""
-        ctx = self.ctx
-        return (
-            f"{ctx.world_size} rank(s){f' ({ctx.backend})' if ctx.backend else ''}, micro-batch "
-            f"{self.batch_size} x {self.accum_steps} accumulation = global batch "
-            f"{self.global_batch}, {self.device.type}, fp32, eval mode for the gradient checks"
-        )
-
-    def micro_batch(self, step: int, rank: int, index: int) -> Batch:
-        """Rank ``rank``'s micro-batch ``index`` of global batch ``step``, collated, on device."""
-        n = self.num_samples
-        start = (step * self.global_batch + (rank * self.accum_steps + index) * self.batch_size) % n
-        items = [self.dataset[self.order[(start + i) % n]] for i in range(self.batch_size)]
-        inputs, targets = move_to_device(default_collate(items), self.device)
-        return inputs, targets
-
-    def window(self, step: int, rank: int) -> list[Batch]:
-        """Rank ``rank``'s ``accum_steps`` micro-batches of global batch ``step``."""
-        return [self.micro_batch(step, rank, a) for a in range(self.accum_steps)]
-
-
-class _SyncCounter:
-    """Counts DDP's gradient syncs: passes over its buckets, through a comm hook that reduces.
-
-    Counts the *last* bucket of each pass, not buckets: DDP rebuilds its buckets after the
-    first iteration (1 became 2 on the built-in task), so a bucket count is no unit.
-    """
-
-    def __init__(self) -> None:
-        self.syncs = 0
-
-    def hook(self) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        def counting_allreduce(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-            if bucket.is_last():  # one per backward that syncs, whatever the bucket layout
-                self.syncs += 1
-            return allreduce_hook(state, bucket)
-
-        # DDP checks these annotations as objects; postponed (string) ones would fail its check.
-        counting_allreduce.__annotations__ = {
-            "state": object,
-            "bucket": dist.GradBucket,  # type: ignore[attr-defined, unused-ignore]
-            "return": torch.futures.Future[torch.Tensor],
-        }
-        return counting_allreduce
-
-
-@dataclass
-class VerifyModels:
-    """The models the gradient and checkpoint checks share and advance, in :data:`CHECKS` order.
-
-    Attributes:
-        wrapped: The model under test: DDP-wrapped when distributed, else the bare model.
-        reference: A single-process copy of it (never wrapped): the expected gradients.
-        optimizer: AdamW on ``wrapped``'s parameters.
-        counter: Counts the gradient syncs DDP runs.
-        first: This rank's first micro-batch of global batch 0.
-        ddp: Whether ``wrapped`` is DDP (then ``counter`` counts).
-        unused: Parameters that got no gradient from a forward on any rank's ``first``; when
-            there are some, DDP is built with ``find_unused_parameters=True`` so that the
-            checks can run (the ``grad_sync`` check reports them).
-    """
-
-    wrapped: nn.Module
-    reference: nn.Module
-    optimizer: torch.optim.Optimizer
-    counter: _SyncCounter
-    first: Batch
-    ddp: bool
-    unused: list[str] = field(default_factory=list)
-
-    @classmethod
-    def build(cls, model: nn.Module, plan: VerifyPlan) -> VerifyModels:
-        """Wrap ``model`` (DDP broadcasts rank 0's weights), copy it, both in ``eval()`` mode.
-
-        One forward and backward on ``first`` first finds the parameters that get no
-        gradient (DDP would raise at its next iteration instead, naming none of them).
-
-        Args:
-            model: The freshly built model, on ``plan.device``.
-            plan: The run.
-
-        Returns:
-            The models, with ``first`` read from the dataset.
-        """
-        first = plan.micro_batch(0, plan.ctx.rank, 0)
-        model.eval()
-        unused = unused_parameters(model, first, plan.loss_fn, plan.ctx)
-        wrapped = _wrap(model, plan.ctx, plan.device, find_unused_parameters=bool(unused))
-        counter = _SyncCounter()
-        if wrapped is not model:
-            wrapped.register_comm_hook(state=None, hook=counter.hook())  # type: ignore[operator]
-        reference = copy.deepcopy(unwrap_model(wrapped))
-        wrapped.eval()
-        reference.eval()
-        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-        return cls(
-            wrapped, reference, optimizer, counter, first, ddp=wrapped is not model, unused=unused
         )
 
 
@@ -453,7 +293,7 @@ def _plan(
             "lower --batch-size or --accum"
         )
     if device is None:
-        cuda = _distributed(ctx) and dist.get_backend() == "nccl"
+        cuda = is_distributed(ctx) and dist.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     return VerifyPlan(dataset, loss_fn, ctx, device, batch_size, accum_steps, rtol, atol, seed)
 

@@ -2,7 +2,7 @@
 
 Data only (no torch, no AST work): each :class:`Rule` has a code ``GT001``…, a one-line
 message, a longer explanation that quotes the reasoning of the guides the toolkit is built on,
-and a fix. :mod:`gpu_training.diagnostics.lint_checks` finds the pitfalls;
+and a fix. :mod:`gpu_training.diagnostics.lint.checks` finds the pitfalls;
 :mod:`gpu_training.diagnostics.lint` runs the checks and prints them.
 
 Two severities: ``bug`` rules find a mistake that costs a run (wrong data, a hang, a corrupt

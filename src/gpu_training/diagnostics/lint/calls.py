@@ -3,8 +3,8 @@
 Every rule module asks an ``ast.Call`` the same few questions — what is the callee called
 (``torch.utils.data.DataLoader`` → ``DataLoader``), what did it get as ``shuffle``, by keyword
 or by position, where does it start? — so the answers live here once, below
-:mod:`~gpu_training.diagnostics.lint_checks`, :mod:`~gpu_training.diagnostics.lint_ranks` and
-:mod:`~gpu_training.diagnostics.lint_training_loop`, which all import them.
+:mod:`~gpu_training.diagnostics.lint.checks`, :mod:`~gpu_training.diagnostics.lint.ranks` and
+:mod:`~gpu_training.diagnostics.lint.training_loop`, which all import them.
 
 Example:
     >>> import ast

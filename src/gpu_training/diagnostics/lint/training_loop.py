@@ -1,6 +1,6 @@
 """The training loop's shape: epochs over a loader, micro-batches, optimizer steps, the scaler.
 
-The walk of :mod:`~gpu_training.diagnostics.lint_checks` meets loops, ``with`` blocks and
+The walk of :mod:`~gpu_training.diagnostics.lint.checks` meets loops, ``with`` blocks and
 calls one at a time; the rules about the training loop need to know what surrounds them — is
 this loop a gradient-accumulation loop (an optimizer step under ``if step % accum == 0``)? does
 this ``with`` turn DDP's gradient sync off? did this function unscale the AMP scaler before it
@@ -18,7 +18,7 @@ functions (where is the optimizer step, where is the ``unscale_``), asked once a
 
 Example:
     >>> import ast
-    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> tree = ast.parse("for i, batch in enumerate(loader):\\n"
     ...                  "    model(batch).backward()\\n"
     ...                  "    if i % accum == 0:\\n"
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint_calls import call_arg, is_const, keyword_arg, node_start, tail
-from gpu_training.diagnostics.lint_model import (
+from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.model import (
     Imports,
     ModuleFacts,
     Scope,

@@ -1,4 +1,4 @@
-"""What the walk of :mod:`~gpu_training.diagnostics.lint_checks` knows at each statement.
+"""What the walk of :mod:`~gpu_training.diagnostics.lint.checks` knows at each statement.
 
 :class:`Ctx` is the context carried down the statements — which ranks run this code (rank 0
 only, the others, one rank, local rank 0 of each node), inside which loops and ``no_sync()``
@@ -19,8 +19,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from gpu_training.diagnostics.lint_calls import tail
-from gpu_training.diagnostics.lint_model import ModuleFacts, dotted
+from gpu_training.diagnostics.lint.calls import tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
 __all__ = ["Ctx", "RawFinding", "ends_program", "names_node", "none_tested", "terminates"]
 

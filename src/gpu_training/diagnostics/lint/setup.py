@@ -17,7 +17,7 @@ sampler (a project's own ``RASampler``); arguments hidden behind ``**kwargs`` ar
 
 Example:
     >>> import ast
-    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> tree = ast.parse("rank = int(os.environ['RANK'])\\ntorch.cuda.set_device(rank)\\n")
     >>> facts = ModuleFacts(tree)
     >>> global_rank_source(facts, tree.body[1].value.args[0], facts.module_scope)
@@ -30,8 +30,8 @@ import ast
 import re
 from collections.abc import Callable
 
-from gpu_training.diagnostics.lint_calls import call_arg, is_const, keyword_arg, node_start, tail
-from gpu_training.diagnostics.lint_model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
 __all__ = ["SetupRules", "global_rank_source"]
 

@@ -9,10 +9,10 @@ Static facts, computed once per file from its AST (no import, no execution):
   back to the wrapper (``self.x`` attributes are shared by the methods of a class);
 * :func:`kinds` — what an expression is (``ddp``, ``loader``, ``scaler``, …) through those
   bindings, and through the project's helpers (what ``build_sampler(...)`` returns);
-* through a :class:`~gpu_training.diagnostics.lint_summary.Resolver` (the project), what a
-  function of another module does (:class:`~gpu_training.diagnostics.lint_summary.Summary`).
+* through a :class:`~gpu_training.diagnostics.lint.summary.Resolver` (the project), what a
+  function of another module does (:class:`~gpu_training.diagnostics.lint.summary.Summary`).
 
-Whether a condition depends on the rank is :mod:`~gpu_training.diagnostics.lint_guards`.
+Whether a condition depends on the rank is :mod:`~gpu_training.diagnostics.lint.guards`.
 
 Example:
     >>> import ast
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpu_training.diagnostics.lint_summary import FuncRef, Resolver, Summary
+    from gpu_training.diagnostics.lint.summary import FuncRef, Resolver, Summary
 
 __all__ = [
     "RANK_CALLS",
@@ -263,7 +263,7 @@ class ModuleFacts:
         self.assigned_under: dict[tuple[int, str], set[bool]] = {}
         """``(owner, name)`` → for each non-None assignment, whether only rank 0 ran it
         (filled by the walk: ``saver = None`` / ``if is_primary: saver = Saver()``)."""
-        """How each condition depends on the rank (:mod:`~gpu_training.diagnostics.lint_guards`)."""
+        """How each condition depends on the rank (:mod:`~gpu_training.diagnostics.lint.guards`)."""
 
     # --- scopes ---------------------------------------------------------------------------
 

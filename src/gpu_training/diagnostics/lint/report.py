@@ -1,7 +1,7 @@
 """``gpu-training lint``: find the classic distributed-training mistakes without running a script.
 
 An AST checker with one rule per pitfall of the guides (``GT001`` DataParallel … ``GT018`` a
-GPU index from the global rank; :data:`~gpu_training.diagnostics.lint_rules.RULES` lists them
+GPU index from the global rank; :data:`~gpu_training.diagnostics.lint.rules.RULES` lists them
 and ``gpu-training lint --explain GT007`` tells why each one is a bug). It reads the whole
 project: the files given, and the project's own modules they import (``utils.py`` beside
 ``main.py``), so a helper that creates the process group, replaces ``print`` on the other
@@ -12,8 +12,8 @@ through assignments and ``with`` blocks (``model = DDP(model)`` …
 early ``return`` on the other ranks) and treats the toolkit's and the frameworks' helpers as
 the right way (``CheckpointManager.save`` and ``accelerator.save`` are not unguarded writes).
 
-Rules have a severity (:data:`~gpu_training.diagnostics.lint_rules.BUG` by default;
-:data:`~gpu_training.diagnostics.lint_rules.HYGIENE` rules — printing from every rank, an LR
+Rules have a severity (:data:`~gpu_training.diagnostics.lint.rules.BUG` by default;
+:data:`~gpu_training.diagnostics.lint.rules.HYGIENE` rules — printing from every rank, an LR
 that is not scaled — only when asked), and each finding says what it rests on. A file that
 cannot be read or parsed is one :class:`FileError` row; the other files are still linted.
 
@@ -49,9 +49,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpu_training.diagnostics.lint_project import Project
-from gpu_training.diagnostics.lint_rules import BUG, HYGIENE, RULES, explain
-from gpu_training.diagnostics.lint_run import RawFinding, check_project
+from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.rules import BUG, HYGIENE, RULES, explain
+from gpu_training.diagnostics.lint.run import RawFinding, check_project
 
 __all__ = [
     "EXIT_FOUND",

@@ -18,7 +18,7 @@ forever in their next collective), or the ranks called different collectives. Th
   other ranks through the job's rendezvous store (which rank is busy in its own code, which
   are waiting in which collective), prints a verdict naming the stalled rank(s), writes it as
   torchrun's error record and exits with :data:`EXIT_STALLED`. What each rank notes and how
-  the verdict is reached: :mod:`~gpu_training.diagnostics.stall_report`.
+  the verdict is reached: :mod:`~gpu_training.stall_report`.
 
 Example:
     >>> import time
@@ -46,24 +46,20 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TextIO, TypeVar
 
-from gpu_training.diagnostics.stall_report import (
-    StallReport,
-    _collect,
-    _frame_state,
-    _publish,
-    _raised_state,
-    _record_error,
-    _verdict,
-)
-
-# Kept importable from here, where they lived before stall_report.py was split out.
-from gpu_training.diagnostics.stall_report import _location as _location
-from gpu_training.diagnostics.stall_report import _torch_part as _torch_part
 from gpu_training.failure import (
     exception_in_flight,
     exit_now,
     is_peer_failure,
     record_failure,
+)
+from gpu_training.stall_report import (
+    StallReport,
+    collect_states,
+    frame_state,
+    publish_state,
+    raised_state,
+    record_stall_error,
+    stall_verdict,
 )
 
 __all__ = [
@@ -420,8 +416,8 @@ class StallWatchdog:
         record_failure(exc)  # before any teardown, in which the rank may be killed
         if is_peer_failure(exc):
             return  # a victim: the note of the rank that failed first is the one to read
-        state = {**_raised_state(exc, skip_file=__file__), "step": self._step}
-        _publish(_store(), f"{_key()}/rank{rank}", state)
+        state = {**raised_state(exc, skip_file=__file__), "step": self._step}
+        publish_state(_store(), f"{_key()}/rank{rank}", state)
 
     # --- firing ----------------------------------------------------------------------------
 
@@ -444,10 +440,10 @@ class StallWatchdog:
     def _fire(self, idle: float) -> None:
         rank, world = self._context()
         frame = sys._current_frames().get(self._watched or 0)
-        state = {**_frame_state(frame, skip_file=__file__), "step": self._step}
+        state = {**frame_state(frame, skip_file=__file__), "step": self._step}
         store = _store()
         key = _key()
-        _publish(store, f"{key}/rank{rank}", state)
+        publish_state(store, f"{key}/rank{rank}", state)
         self._write(
             f"gpu-training watchdog: rank {rank} made no step progress for {idle:.1f}s "
             f"(last step {self._step}); {state['state']} at {state['where']}. Python stacks of "
@@ -456,14 +452,14 @@ class StallWatchdog:
         self._dump_stacks()
         states = {rank: state}
         if world > 1 and store is not None:
-            states = _collect(store, key, world, self.grace) or states
+            states = collect_states(store, key, world, self.grace) or states
         limit = self.timeout if self._ticked else self.startup_timeout
-        culprits, verdict = _verdict(states, world, limit or idle)
+        culprits, verdict = stall_verdict(states, world, limit or idle)
         report = StallReport(rank, idle, self._step, dict(states), culprits, "")
         report.message = f"stall detected by rank {rank}: {verdict}"
         self.report = report
         self._write(f"gpu-training watchdog: {report.message}\n")
-        _record_error(report, first=rank in culprits or not culprits)
+        record_stall_error(report, first=rank in culprits or not culprits)
         if self.on_stall is not None:
             self.on_stall(report)
         if self.exit:

@@ -7,7 +7,7 @@ Training scripts keep their distributed setup in helpers: DeiT's ``main.py`` cal
 dist_rank=rank)`` gives only rank 0 a console handler. A :class:`Project` follows a script's
 imports to the project's own files next to it (``import utils``, ``from util.misc import
 ...``, ``from .distributed import ...``, re-exports of a package's ``__init__.py``) and
-summarises each function it reaches (:class:`~gpu_training.diagnostics.lint_model.Summary`):
+summarises each function it reaches (:class:`~gpu_training.diagnostics.lint.model.Summary`):
 does it return a rank-0 test, create or destroy the group, replace ``print``, run a
 collective, return a distributed sampler or a per-rank logger? The rules then read a call of
 such a helper as what it does. Nothing is imported or run; installed packages (``torch``,
@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gpu_training.diagnostics.lint_calls import tail
-from gpu_training.diagnostics.lint_collectives import DIST_SETUP_CALLS, direct_collective
-from gpu_training.diagnostics.lint_guards import (
+from gpu_training.diagnostics.lint.calls import tail
+from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS, direct_collective
+from gpu_training.diagnostics.lint.guards import (
     GUARD_RANK0,
     classify_guard,
     guard_locality,
@@ -43,13 +43,13 @@ from gpu_training.diagnostics.lint_guards import (
     rank_derived,
     uncached,
 )
-from gpu_training.diagnostics.lint_model import (
+from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
     Scope,
     call_name,
     dotted,
 )
-from gpu_training.diagnostics.lint_summary import FuncRef, Summary
+from gpu_training.diagnostics.lint.summary import FuncRef, Summary
 
 __all__ = ["Project"]
 

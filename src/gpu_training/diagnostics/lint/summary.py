@@ -1,6 +1,6 @@
 """What a function of the project does, and how a module asks: the interface between a
-module's facts (:mod:`~gpu_training.diagnostics.lint_model`) and its project
-(:mod:`~gpu_training.diagnostics.lint_project`).
+module's facts (:mod:`~gpu_training.diagnostics.lint.model`) and its project
+(:mod:`~gpu_training.diagnostics.lint.project`).
 
 Data only: :class:`Summary` is filled by the project, :class:`Resolver` is the project as a
 module sees it.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from gpu_training.diagnostics.lint_model import ModuleFacts, Scope
+    from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
 
 __all__ = ["FuncRef", "Resolver", "Summary"]
 
@@ -30,7 +30,7 @@ FuncRef = tuple["ModuleFacts", _Func]
 class Summary:
     """What a function does, as far as the project's own code shows.
 
-    Computed by :mod:`~gpu_training.diagnostics.lint_project`, through the functions it calls
+    Computed by :mod:`~gpu_training.diagnostics.lint.project`, through the functions it calls
     (in its file or in another module of the project).
 
     Attributes:
@@ -69,7 +69,7 @@ class Summary:
 
 
 class Resolver(Protocol):
-    """How a module sees the rest of its project (:class:`~gpu_training.diagnostics.lint_project.Project`)."""
+    """How a module sees the rest of its project (:class:`~gpu_training.diagnostics.lint.project.Project`)."""
 
     def callees(self, facts: ModuleFacts, func: ast.expr) -> list[FuncRef]:
         """The functions (of this file or of the project) a callee expression may name."""

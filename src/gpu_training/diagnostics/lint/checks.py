@@ -5,28 +5,28 @@ ranks (``if rank == 0:``, the ``else`` of it, the rest of a function after
 ``if not ctx.is_main_process: return``, ``x if rank == 0 else None``)? only local rank 0 of
 each node? is it inside ``no_sync()``? inside which loops? in a block that ends the program?
 — and hands every call to the rules. Functions are followed, in the file and across the
-project (:class:`~gpu_training.diagnostics.lint_project.Project`): a function called only
+project (:class:`~gpu_training.diagnostics.lint.project.Project`): a function called only
 under a rank-0 guard is rank-0 code, whichever module calls it; one that runs a collective
 makes its call a collective too; a helper that creates the process group makes its caller
 responsible for destroying it.
 
-:func:`~gpu_training.diagnostics.lint_run.check_project` runs the files of a project
+:func:`~gpu_training.diagnostics.lint.run.check_project` runs the files of a project
 together. This module holds the walk (:class:`FileChecker`) and the whole-file rules
 (``GT002`` without ``set_device``, ``GT005``, ``GT009``, ``GT011``, and ``GT015`` through
-:mod:`~gpu_training.diagnostics.lint_teardown`); the rules live beside it, each with the
+:mod:`~gpu_training.diagnostics.lint.teardown`); the rules live beside it, each with the
 analysis it rests on:
 
-* :mod:`~gpu_training.diagnostics.lint_setup` — one call alone: ``GT001``-``GT004``,
+* :mod:`~gpu_training.diagnostics.lint.setup` — one call alone: ``GT001``-``GT004``,
   ``GT006``, ``GT010``, ``GT018``;
-* :mod:`~gpu_training.diagnostics.lint_ranks` — collectives and which scopes run on every
+* :mod:`~gpu_training.diagnostics.lint.ranks` — collectives and which scopes run on every
   rank: ``GT007``/``GT017`` writes, ``GT008`` logs, ``GT009`` collectives and ``GT014``
   updates under a rank guard;
-* :mod:`~gpu_training.diagnostics.lint_training_loop` — accumulation, ``no_sync()``, the AMP
+* :mod:`~gpu_training.diagnostics.lint.training_loop` — accumulation, ``no_sync()``, the AMP
   scaler, epoch loops: ``GT005``, ``GT011``-``GT013``, ``GT016``.
 
 Example:
     >>> import ast
-    >>> from gpu_training.diagnostics.lint_project import Project
+    >>> from gpu_training.diagnostics.lint.project import Project
     >>> project = Project()
     >>> facts = project.add("t.py", ast.parse("import torch\\nm = torch.nn.DataParallel(m)\\n"))
     >>> checker = FileChecker(facts, project)
@@ -40,9 +40,9 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
-from gpu_training.diagnostics.lint_calls import keyword_arg, node_start, tail
-from gpu_training.diagnostics.lint_collectives import DIST_SETUP_CALLS
-from gpu_training.diagnostics.lint_context import (
+from gpu_training.diagnostics.lint.calls import keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS
+from gpu_training.diagnostics.lint.context import (
     Ctx,
     RawFinding,
     ends_program,
@@ -50,7 +50,7 @@ from gpu_training.diagnostics.lint_context import (
     none_tested,
     terminates,
 )
-from gpu_training.diagnostics.lint_guards import (
+from gpu_training.diagnostics.lint.guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
     GUARD_RANK_DEP,
@@ -59,9 +59,9 @@ from gpu_training.diagnostics.lint_guards import (
     single_process,
     single_rank,
 )
-from gpu_training.diagnostics.lint_model import ModuleFacts, Scope, call_name, dotted
-from gpu_training.diagnostics.lint_project import Project
-from gpu_training.diagnostics.lint_ranks import (
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
     RankAnalysis,
     every_rank_log,
@@ -71,10 +71,10 @@ from gpu_training.diagnostics.lint_ranks import (
     rank_dependent_update,
     unpaired_collectives,
 )
-from gpu_training.diagnostics.lint_setup import SetupRules
-from gpu_training.diagnostics.lint_summary import FuncRef
-from gpu_training.diagnostics.lint_teardown import missing_destroy
-from gpu_training.diagnostics.lint_training_loop import (
+from gpu_training.diagnostics.lint.setup import SetupRules
+from gpu_training.diagnostics.lint.summary import FuncRef
+from gpu_training.diagnostics.lint.teardown import missing_destroy
+from gpu_training.diagnostics.lint.training_loop import (
     LoopAnalysis,
     is_no_sync,
     iterates_loader,
@@ -95,7 +95,7 @@ _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabri
 class FileChecker:
     """The walk of one file, with what its project tells about it.
 
-    :func:`~gpu_training.diagnostics.lint_run.check_project` drives it: :meth:`inherit` from
+    :func:`~gpu_training.diagnostics.lint.run.check_project` drives it: :meth:`inherit` from
     the files that import it, :meth:`settle` the functions' contexts (again once the call
     sites from other files are in :attr:`external_sites`), then :meth:`report`.
 

@@ -9,8 +9,8 @@ ranks (a guide's set-up snippet).
 
 Example:
     >>> import ast
-    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
-    >>> from gpu_training.diagnostics.lint_ranks import RankAnalysis
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> from gpu_training.diagnostics.lint.ranks import RankAnalysis
     >>> tree = ast.parse("import torch.distributed as dist\\n"
     ...                  "def main():\\n    dist.init_process_group('nccl')\\n    loss.backward()\\n"
     ...                  "main()\\n")
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint_calls import node_start, tail
-from gpu_training.diagnostics.lint_model import ModuleFacts, call_name
-from gpu_training.diagnostics.lint_ranks import RankAnalysis
-from gpu_training.diagnostics.lint_summary import Summary
+from gpu_training.diagnostics.lint.calls import node_start, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
+from gpu_training.diagnostics.lint.ranks import RankAnalysis
+from gpu_training.diagnostics.lint.summary import Summary
 
 __all__ = ["missing_destroy", "reached_from_module"]
 

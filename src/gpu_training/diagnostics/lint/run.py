@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint_checks import FileChecker
-from gpu_training.diagnostics.lint_context import Ctx, RawFinding
-from gpu_training.diagnostics.lint_project import Project
+from gpu_training.diagnostics.lint.checks import FileChecker
+from gpu_training.diagnostics.lint.context import Ctx, RawFinding
+from gpu_training.diagnostics.lint.project import Project
 
 __all__ = ["RawFinding", "check_project", "check_tree"]
 

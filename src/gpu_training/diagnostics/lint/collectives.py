@@ -2,12 +2,12 @@
 
 A collective must be reached by every rank or the job hangs (``GT009``); a function that runs
 one makes its callers collectives too. This module knows the calls themselves (the walk of
-:mod:`~gpu_training.diagnostics.lint_ranks` and the project summaries of
-:mod:`~gpu_training.diagnostics.lint_project` follow the functions that run them).
+:mod:`~gpu_training.diagnostics.lint.ranks` and the project summaries of
+:mod:`~gpu_training.diagnostics.lint.project` follow the functions that run them).
 
 Example:
     >>> import ast
-    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> tree = ast.parse("import torch.distributed as dist\\ndist.barrier()\\n")
     >>> facts = ModuleFacts(tree)
     >>> direct_collective(tree.body[1].value, facts.module_scope, facts)
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint_calls import keyword_arg, tail
-from gpu_training.diagnostics.lint_model import ModuleFacts, Scope, call_name
+from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name
 
 __all__ = ["COLLECTIVES", "DIST_SETUP_CALLS", "direct_collective"]
 

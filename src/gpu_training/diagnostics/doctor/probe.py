@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_training.diagnostics.doctor import FAIL, OK, DoctorCheck, collect_facts
+from gpu_training.diagnostics.doctor.environment import collect_facts
+from gpu_training.diagnostics.doctor.report import FAIL, OK, DoctorCheck
 
 __all__ = ["probe_nodes"]
 
@@ -74,7 +75,7 @@ def probe_nodes(
             f"--rdzv_id={job}",
             f"--rdzv_conf=join_timeout={max(1, int(timeout))}",
             "--module",
-            "gpu_training.diagnostics.doctor_probe",
+            "gpu_training.diagnostics.doctor.probe",
             "--probe",
             str(result),
         ]
@@ -169,7 +170,7 @@ def _judge_probe(
 
 
 def _probe_worker(result: str) -> None:
-    """One rank of :func:`probe_nodes` (``python -m gpu_training.diagnostics.doctor_probe``)."""
+    """One rank of :func:`probe_nodes` (``python -m gpu_training.diagnostics.doctor.probe``)."""
     import torch
     import torch.distributed as dist
 
@@ -216,7 +217,7 @@ def _probe_worker(result: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "--probe":
-        raise SystemExit("usage: python -m gpu_training.diagnostics.doctor_probe --probe RESULT")
-    from gpu_training.diagnostics.watchdog import entry_point
+        raise SystemExit("usage: python -m gpu_training.diagnostics.doctor.probe --probe RESULT")
+    from gpu_training.watchdog import entry_point
 
     entry_point(_probe_worker)(sys.argv[2])

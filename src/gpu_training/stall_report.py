@@ -1,18 +1,19 @@
 """What a stalled rank reports: where its main thread is, and the verdict across ranks.
 
-When the :class:`~gpu_training.diagnostics.watchdog.StallWatchdog` fires, each rank classifies
-its own main thread (:func:`_frame_state`: busy in the program's code, waiting in a collective,
-in backward), publishes that note in the job's rendezvous store (:func:`_publish`), reads the
-other ranks' notes (:func:`_collect`), judges which ranks are stalled (:func:`_verdict`) and
-writes the verdict as torchrun's error record (:func:`_record_error`), all gathered in a
-:class:`StallReport`. A rank whose training loop raised leaves a note too
-(:func:`_raised_state`), so a rank that failed is not reported as one that is stuck.
+When the :class:`~gpu_training.watchdog.StallWatchdog` fires, each rank classifies its own
+main thread (:func:`frame_state`: busy in the program's code, waiting in a collective, in
+backward), publishes that note in the job's rendezvous store (:func:`publish_state`), reads
+the other ranks' notes (:func:`collect_states`), judges which ranks are stalled
+(:func:`stall_verdict`) and writes the verdict as torchrun's error record
+(:func:`record_stall_error`), all gathered in a :class:`StallReport`. A rank whose training
+loop raised leaves a note too (:func:`raised_state`), so a rank that failed is not reported
+as one that is stuck. These helpers are the watchdog's; only :class:`StallReport` is API.
 No torch import: the store is handed in.
 
 Example:
     >>> states = {0: {"state": "busy", "op": "", "where": "train.py:42 in step"},
     ...           1: {"state": "collective", "op": "all_reduce", "where": "train.py:50 in sync"}}
-    >>> culprits, text = _verdict(states, 2, 30)
+    >>> culprits, text = stall_verdict(states, 2, 30)
     >>> culprits, text.split(";")[0]
     ([0], 'rank 0 stalled at train.py:42 in step (no step progress for 30s, not in a collective)')
 """
@@ -60,12 +61,12 @@ class StallReport:
 # --- where a rank is, and the verdict ---------------------------------------------------------
 
 
-def _location(frame: FrameType) -> str:
+def frame_location(frame: FrameType) -> str:
     """``file:line in function`` of a frame."""
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
-def _torch_part(path: str) -> str | None:
+def torch_part(path: str) -> str | None:
     """``"distributed"``, ``"autograd"`` or ``"other"`` for a file of torch, else None."""
     marker = f"{os.sep}torch{os.sep}"
     if marker not in path:
@@ -76,7 +77,7 @@ def _torch_part(path: str) -> str | None:
     return "autograd" if rest.startswith("autograd") else "other"
 
 
-def _frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]:
+def frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]:
     """Classify a stack: waiting in a collective, in backward, or busy in the program's code.
 
     Only the innermost frames count: a thread blocked in ``all_reduce`` has torch's
@@ -89,9 +90,9 @@ def _frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]
         frames.append(frame)  # innermost first
         frame = frame.f_back
     run = 0
-    while run < len(frames) and _torch_part(frames[run].f_code.co_filename) is not None:
+    while run < len(frames) and torch_part(frames[run].f_code.co_filename) is not None:
         run += 1
-    parts = [_torch_part(f.f_code.co_filename) for f in frames[:run]]
+    parts = [torch_part(f.f_code.co_filename) for f in frames[:run]]
     caller = frames[run] if run < len(frames) else (frames[-1] if frames else None)
     if "distributed" in parts:
         api = [
@@ -100,14 +101,14 @@ def _frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]
             if part == "distributed" and f.f_code.co_name != "wrapper"
         ]
         op = api[-1].f_code.co_name if api else "a collective"
-        return {"state": "collective", "op": op, "where": _location(caller) if caller else "?"}
+        return {"state": "collective", "op": op, "where": frame_location(caller) if caller else "?"}
     if "autograd" in parts:
-        where = _location(caller) if caller else "?"
+        where = frame_location(caller) if caller else "?"
         return {"state": "backward", "op": "backward (DDP gradient all-reduce)", "where": where}
     outside = [
         f
         for f in frames
-        if _torch_part(f.f_code.co_filename) is None and f.f_code.co_filename != skip_file
+        if torch_part(f.f_code.co_filename) is None and f.f_code.co_filename != skip_file
     ]
     # the program's own line, not the stdlib's (a queue's select() under a DataLoader)
     mine = next((f for f in outside if not _in_stdlib(f.f_code.co_filename)), None)
@@ -115,7 +116,7 @@ def _frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]
     inner = frames[: frames.index(mine)] if mine in frames else []
     loader = any(_DATALOADER in f.f_code.co_filename for f in inner)
     op = "its DataLoader (a worker process is stuck or slow)" if loader else ""
-    return {"state": "busy", "op": op, "where": _location(mine) if mine else "?"}
+    return {"state": "busy", "op": op, "where": frame_location(mine) if mine else "?"}
 
 
 _DATALOADER = f"{os.sep}torch{os.sep}utils{os.sep}data{os.sep}"
@@ -133,7 +134,7 @@ def _in_stdlib(path: str) -> bool:
     return normal.startswith(_STDLIB) and "site-packages" not in normal
 
 
-def _raised_state(exc: BaseException, skip_file: str = "") -> dict[str, Any]:
+def raised_state(exc: BaseException, skip_file: str = "") -> dict[str, Any]:
     """The note of a rank whose loop raised ``exc``: where (innermost frame outside torch)."""
     frames = []
     tb = exc.__traceback__
@@ -143,7 +144,7 @@ def _raised_state(exc: BaseException, skip_file: str = "") -> dict[str, Any]:
     mine = [
         (code, line)
         for code, line in frames
-        if _torch_part(code.co_filename) is None and code.co_filename != skip_file
+        if torch_part(code.co_filename) is None and code.co_filename != skip_file
     ]
     chosen = mine or frames
     where = "?"
@@ -154,7 +155,7 @@ def _raised_state(exc: BaseException, skip_file: str = "") -> dict[str, Any]:
     return {"state": "raised", "op": error, "where": where}
 
 
-def _verdict(
+def stall_verdict(
     states: Mapping[int, Mapping[str, Any]], world: int, timeout: float
 ) -> tuple[list[int], str]:
     """The stalled ranks (busy in their own code, or silent) and the verdict naming them."""
@@ -208,7 +209,7 @@ def _verdict(
 # --- notes between ranks and torchrun's record ------------------------------------------------
 
 
-def _publish(store: Any, key: str, state: Mapping[str, Any]) -> None:
+def publish_state(store: Any, key: str, state: Mapping[str, Any]) -> None:
     """Put this rank's note under ``key`` in the store (nothing without one)."""
     if store is None:
         return
@@ -216,7 +217,7 @@ def _publish(store: Any, key: str, state: Mapping[str, Any]) -> None:
         store.set(key, json.dumps(state))
 
 
-def _collect(store: Any, key: str, world: int, grace: float) -> dict[int, dict[str, Any]]:
+def collect_states(store: Any, key: str, world: int, grace: float) -> dict[int, dict[str, Any]]:
     """The notes of every rank that published within ``grace`` seconds."""
     deadline = time.monotonic() + grace
     found: dict[int, dict[str, Any]] = {}
@@ -235,7 +236,7 @@ def _collect(store: Any, key: str, world: int, grace: float) -> dict[int, dict[s
         time.sleep(0.05)
 
 
-def _record_error(report: StallReport, *, first: bool) -> None:
+def record_stall_error(report: StallReport, *, first: bool) -> None:
     """Write the verdict as torchrun's error record of this rank (``TORCHELASTIC_ERROR_FILE``)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:

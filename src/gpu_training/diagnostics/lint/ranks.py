@@ -1,6 +1,6 @@
 """Which ranks run what: the collectives of a file and the rules that depend on the rank.
 
-The walk of :mod:`~gpu_training.diagnostics.lint_checks` knows, at each call, whether all
+The walk of :mod:`~gpu_training.diagnostics.lint.checks` knows, at each call, whether all
 ranks run it, rank 0 only or the others only. This module answers the rank questions it asks
 there, and holds the rules whose verdict depends on the answer:
 
@@ -17,7 +17,7 @@ function that all-reduces makes its callers collectives too), computed once, bef
 
 Example:
     >>> import ast
-    >>> from gpu_training.diagnostics.lint_model import ModuleFacts
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> tree = ast.parse("import torch.distributed as dist\\n"
     ...                  "def sync(t):\\n    dist.all_reduce(t)\\n"
     ...                  "sync(x)\\n")
@@ -31,10 +31,10 @@ from __future__ import annotations
 import ast
 from typing import NamedTuple
 
-from gpu_training.diagnostics.lint_calls import call_arg, keyword_arg, tail
-from gpu_training.diagnostics.lint_collectives import DIST_SETUP_CALLS, direct_collective
-from gpu_training.diagnostics.lint_guards import mentions_main_or_rank, rank_derived
-from gpu_training.diagnostics.lint_model import (
+from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, tail
+from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS, direct_collective
+from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
+from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
     Scope,
     call_name,

@@ -1,0 +1,64 @@
+"""``gpu-training lint``: static checks of a training script, one rule per pitfall. No torch.
+
+- :mod:`~gpu_training.diagnostics.lint.report` — the entry points (:func:`lint_source`,
+  :func:`lint_paths`), the findings and how they are printed.
+- :mod:`~gpu_training.diagnostics.lint.rules` — the rules' texts (:data:`RULES`,
+  :func:`explain`).
+- :mod:`~gpu_training.diagnostics.lint.run` — every check over the files of one project;
+  :mod:`~gpu_training.diagnostics.lint.project` resolves names across its modules, through
+  what each function does (:mod:`~gpu_training.diagnostics.lint.summary`).
+- :mod:`~gpu_training.diagnostics.lint.model` — what the names of a module stand for;
+  :mod:`~gpu_training.diagnostics.lint.calls` — how a call site is read;
+  :mod:`~gpu_training.diagnostics.lint.guards` — rank guards;
+  :mod:`~gpu_training.diagnostics.lint.collectives` — which calls are collectives.
+- :mod:`~gpu_training.diagnostics.lint.checks` — the walk of a file, with its context
+  (:mod:`~gpu_training.diagnostics.lint.context`), the set-up rules
+  (:mod:`~gpu_training.diagnostics.lint.setup`), the rank analysis
+  (:mod:`~gpu_training.diagnostics.lint.ranks`), the training-loop analysis
+  (:mod:`~gpu_training.diagnostics.lint.training_loop`) and the process group's teardown
+  (:mod:`~gpu_training.diagnostics.lint.teardown`).
+
+The names below are those of :mod:`~gpu_training.diagnostics.lint.report` and
+:mod:`~gpu_training.diagnostics.lint.rules`, importable from here.
+"""
+
+from __future__ import annotations
+
+from gpu_training.diagnostics.lint.report import (
+    EXIT_FOUND,
+    EXIT_UNREADABLE,
+    FileError,
+    Finding,
+    LintError,
+    LintReport,
+    collect_files,
+    exit_code,
+    format_json,
+    format_text,
+    lint_paths,
+    lint_source,
+    select_rules,
+)
+from gpu_training.diagnostics.lint.rules import BUG, GUIDES, HYGIENE, RULES, Rule, explain
+
+__all__ = [
+    "BUG",
+    "EXIT_FOUND",
+    "EXIT_UNREADABLE",
+    "GUIDES",
+    "HYGIENE",
+    "RULES",
+    "FileError",
+    "Finding",
+    "LintError",
+    "LintReport",
+    "Rule",
+    "collect_files",
+    "exit_code",
+    "explain",
+    "format_json",
+    "format_text",
+    "lint_paths",
+    "lint_source",
+    "select_rules",
+]
