@@ -21,7 +21,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("configuration", ("job", "strategy.spec")),
     (
         "primitives",
-        ("amp", "schedule", "ddp", "rng", "traces", "memory", "monitor", "throughput", "tasks"),
+        (
+            "amp",
+            "schedule",
+            "dist_init",
+            "process_group",
+            "ddp",
+            "rng",
+            "traces",
+            "memory",
+            "monitor",
+            "throughput",
+            "tasks",
+        ),
     ),
     (
         "data and checkpoints",
@@ -52,8 +64,6 @@ UPWARD_ALLOWED: set[tuple[str, str]] = set()
 OVERSIZE_ALLOWED = {
     "checkpoint.manager",
     "commands.plan",
-    "config",
-    "ddp",
     "diagnostics.doctor",
     "diagnostics.verify_checks",
     "memory.estimate",
@@ -231,7 +241,6 @@ PRIVATE_ALLOWED: dict[tuple[str, str], set[str]] = {
         "_torch_part",
         "_verdict",
     },
-    ("job", "config"): {"_check_int", "_check_optional_int"},
     ("memory.measure", "memory.live_tensors"): {"_storage_bytes"},
     ("monitor", "monitor.query"): {"_with_processes"},
     ("preflight", "checkpoint.dcp_read"): {"_read_metadata"},

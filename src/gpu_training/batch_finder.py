@@ -39,6 +39,7 @@ from torch import nn
 from gpu_training.amp import MixedPrecisionTrainer
 from gpu_training.config.checks import check_positive_int_argument
 from gpu_training.ddp import DistributedContext, move_to_device, process_group_up, unwrap_model
+from gpu_training.process_group import collective_device
 
 __all__ = [
     "BatchSearchResult",
@@ -199,9 +200,7 @@ def _agree(status: int, batch: int) -> int:
     if not _group_is_active():
         return status
     rank, world = dist.get_rank(), dist.get_world_size()
-    # NCCL reduces only CUDA tensors; gloo (and the cpu half of "cpu:gloo,cuda:nccl") CPU ones.
-    on_cuda = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
+    device = collective_device()
     failing_rank = rank if status == _ERROR else world
     flags = torch.tensor([status, failing_rank], dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MIN)
