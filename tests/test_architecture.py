@@ -66,7 +66,6 @@ OVERSIZE_ALLOWED = {
     "commands.plan",
     "diagnostics.doctor",
     "diagnostics.verify_checks",
-    "memory.estimate",
     "trainer",
 }
 
