@@ -37,7 +37,9 @@ import torch.distributed as dist
 from torch import nn
 
 from gpu_training.amp import MixedPrecisionTrainer
+from gpu_training.config.checks import check_positive_int_argument
 from gpu_training.ddp import DistributedContext, move_to_device, process_group_up, unwrap_model
+from gpu_training.process_group import collective_device
 
 __all__ = [
     "BatchSearchResult",
@@ -130,17 +132,11 @@ class BatchSearchResult:
         return self.best_fitting == self.max_batch
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    # bool is an int subclass: min_batch=True must not pass as 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _validate(fits: object, min_batch: int, max_batch: int, safety_margin: float) -> None:
     if not callable(fits):
         raise TypeError(f"fits must be callable as fits(batch_size) -> bool, got {fits!r}")
-    _check_positive_int("min_batch", min_batch)
-    _check_positive_int("max_batch", max_batch)
+    check_positive_int_argument("min_batch", min_batch)
+    check_positive_int_argument("max_batch", max_batch)
     if min_batch > max_batch:
         raise ValueError(f"min_batch ({min_batch}) must be <= max_batch ({max_batch})")
     _check_margin(safety_margin)
@@ -204,9 +200,7 @@ def _agree(status: int, batch: int) -> int:
     if not _group_is_active():
         return status
     rank, world = dist.get_rank(), dist.get_world_size()
-    # NCCL reduces only CUDA tensors; gloo (and the cpu half of "cpu:gloo,cuda:nccl") CPU ones.
-    on_cuda = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
+    device = collective_device()
     failing_rank = rank if status == _ERROR else world
     flags = torch.tensor([status, failing_rank], dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MIN)
@@ -364,7 +358,7 @@ def margin_ceiling(batch: int, safety_margin: float = 0.85) -> int:
         >>> margin_ceiling(16, 0.85)  # floor(0.85 x 19) = 16, floor(0.85 x 18) = 15
         19
     """
-    _check_positive_int("batch", batch)
+    check_positive_int_argument("batch", batch)
     _check_margin(safety_margin)
     return math.ceil(batch / Fraction(str(float(safety_margin))))
 
@@ -389,8 +383,8 @@ def per_device_batch_for_share(share: int, recommended: int) -> int:
         >>> per_device_batch_for_share(12, recommended=5)
         4
     """
-    _check_positive_int("share", share)
-    _check_positive_int("recommended", recommended)
+    check_positive_int_argument("share", share)
+    check_positive_int_argument("recommended", recommended)
     if share <= recommended:
         return share
     small = [d for d in range(1, math.isqrt(share) + 1) if share % d == 0]

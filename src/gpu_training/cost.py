@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpu_training.config.checks import check_int_argument
 from gpu_training.hardware import GPUSpec
 
 if TYPE_CHECKING:
@@ -111,10 +112,10 @@ class TrainingRun:
 
     def __post_init__(self) -> None:
         for name in ("num_params", "tokens_per_sample", "micro_batch", "accumulation", "num_gpus"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("gpus_per_node", self.gpus_per_node, 0)
+            check_int_argument(name, getattr(self, name), 1)
+        check_int_argument("gpus_per_node", self.gpus_per_node, 0)
         if self.trainable_params is not None:
-            _check_int("trainable_params", self.trainable_params, 0)
+            check_int_argument("trainable_params", self.trainable_params, 0)
         fpt = self.flops_per_token
         if isinstance(fpt, bool) or not isinstance(fpt, (int, float)) or not 0 < fpt < math.inf:
             raise ValueError(f"flops_per_token must be a finite number > 0, got {fpt!r}")
@@ -140,12 +141,6 @@ class TrainingRun:
     def tokens_per_step(self) -> int:
         """Tokens of one optimizer step over all GPUs."""
         return self.micro_batch * self.accumulation * self.num_gpus * self.tokens_per_sample
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    # bool is an int subclass: micro_batch=True must not pass as 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -352,9 +347,9 @@ def run_cost(
         raise ValueError("give exactly one of tokens and steps")
     if steps is None:
         assert tokens is not None  # checked above
-        _check_int("tokens", tokens, 1)
+        check_int_argument("tokens", tokens, 1)
         steps = math.ceil(tokens / step.tokens_per_step)
-    _check_int("steps", steps, 1)
+    check_int_argument("steps", steps, 1)
     return RunCost(step, steps, price_per_gpu_hour)
 
 

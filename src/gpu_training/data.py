@@ -57,7 +57,9 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from gpu_training.config import ConfigError, global_batch_split_message
+from gpu_training.config import ConfigError
+from gpu_training.config.batch import exact_accumulation_steps
+from gpu_training.config.checks import check_positive_int_argument
 from gpu_training.ddp import DistributedContext
 
 __all__ = ["GlobalBatchSampler", "SamplerConfigError", "global_batch_plan"]
@@ -73,32 +75,15 @@ class SamplerConfigError(ConfigError):
 
 
 def _check_positive(name: str, value: object) -> int:
-    # bool is an int subclass: True must not pass as a batch size of 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SamplerConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _split_error(
-    global_batch_size: int,
-    per_device_batch_size: int,
-    world_size: int,
-    max_global_batch: int | None = None,
-) -> SamplerConfigError:
-    """The error for a global batch that ``world_size × per_device_batch_size`` does not divide."""
-    return SamplerConfigError(
-        global_batch_split_message(
-            global_batch_size, per_device_batch_size, world_size, max_global_batch
-        ),
-        "global_batch_size",
-    )
+    return check_positive_int_argument(name, value, error=SamplerConfigError)
 
 
 def global_batch_plan(global_batch_size: int, per_device_batch_size: int, world_size: int) -> int:
     """Accumulation steps ``A`` so that ``world_size × per_device_batch_size × A`` is exactly G.
 
-    The sampler-side twin of :func:`gpu_training.config.global_batch_plan` (same arithmetic,
-    raising :class:`SamplerConfigError`). Unlike
+    The sampler-side twin of :func:`gpu_training.config.global_batch_plan` (the same split,
+    :func:`~gpu_training.config.batch.exact_accumulation_steps`, raising
+    :class:`SamplerConfigError`). Unlike
     :func:`gpu_training.config.gradient_accumulation_for_target`, which rounds up, this insists
     on an exact split: the global batch is the job's definition.
 
@@ -113,9 +98,7 @@ def global_batch_plan(global_batch_size: int, per_device_batch_size: int, world_
     g = _check_positive("global_batch_size", global_batch_size)
     b = _check_positive("per_device_batch_size", per_device_batch_size)
     w = _check_positive("world_size", world_size)
-    if g % (w * b):
-        raise _split_error(g, b, w)
-    return g // (w * b)
+    return exact_accumulation_steps(g, b, w, error=SamplerConfigError)
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -203,12 +186,11 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 f"have no step; use a global batch of at most {n}"
             )
         w = self._ctx.world_size
-        if g % (w * b):
-            raise _split_error(g, b, w, max_global_batch=n)
+        accum = exact_accumulation_steps(g, b, w, error=SamplerConfigError, max_global_batch=n)
         self._num_samples = n
         self._global_batch_size = g
         self._per_device_batch_size = b
-        self._accum = g // (w * b)
+        self._accum = accum
         self._seed = seed
         self._shuffle = bool(shuffle)
         self._epoch = 0

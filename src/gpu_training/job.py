@@ -35,14 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_training.config import (
-    ConfigError,
-    TrainingConfig,
-    _check_int,
-    _check_optional_int,
-    parse_override,
-    read_config_file,
-)
+from gpu_training.config import ConfigError, TrainingConfig, parse_override, read_config_file
+from gpu_training.config.checks import check_int, check_optional_int
 from gpu_training.strategy.spec import StrategyConfig
 
 __all__ = [
@@ -141,8 +135,8 @@ class CheckpointSpec:
 
     def __post_init__(self) -> None:
         _check_str("checkpoint.dir", self.dir, optional=True)
-        _check_int("checkpoint.every", self.every, 1)
-        _check_int("checkpoint.keep_last_n", self.keep_last_n, 1)
+        check_int("checkpoint.every", self.every, 1)
+        check_int("checkpoint.keep_last_n", self.keep_last_n, 1)
         _check_bool("checkpoint.resume", self.resume)
 
 
@@ -312,9 +306,9 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         _check_str("run.output_dir", self.output_dir)
-        _check_int("run.log_every", self.log_every, 1)
-        _check_int("run.eval_every", self.eval_every, 1)
-        _check_optional_int("run.eval_batches", self.eval_batches, 1)
+        check_int("run.log_every", self.log_every, 1)
+        check_int("run.eval_every", self.eval_every, 1)
+        check_optional_int("run.eval_batches", self.eval_batches, 1)
         for name in ("progress", "tensorboard", "plot", "compile"):
             _check_bool(f"run.{name}", getattr(self, name))
         self.trackers = _check_trackers(self.trackers, tensorboard=self.tensorboard)

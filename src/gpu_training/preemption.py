@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_training.ddp import DistributedContext, cleanup_distributed, process_group_up
+from gpu_training.process_group import collective_device
 
 __all__ = ["DEFAULT_SIGNALS", "EXIT_PREEMPTED", "PreemptionHandler", "exit_preempted"]
 
@@ -78,13 +79,6 @@ DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
 limit), SIGINT (Ctrl-C), SIGHUP (the terminal went away), SIGQUIT and SIGUSR1 (SLURM
 ``--signal``). A second SIGINT raises ``KeyboardInterrupt`` as usual: the way out of a step
 that does not end."""
-
-
-def _collective_device() -> torch.device:
-    # NCCL only reduces CUDA tensors; gloo reduces CPU ones
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 class PreemptionHandler:
@@ -183,7 +177,7 @@ class PreemptionHandler:
         """
         flag = self.received is not None or self.stopped
         if self.ctx.is_distributed and process_group_up():
-            packed = torch.tensor([int(flag)], dtype=torch.int32, device=_collective_device())
+            packed = torch.tensor([int(flag)], dtype=torch.int32, device=collective_device())
             dist.all_reduce(packed, op=dist.ReduceOp.MAX)
             flag = bool(packed.item())
         self.stopped = self.stopped or flag

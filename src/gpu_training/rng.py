@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_training.ddp import DistributedContext, process_group_up
+from gpu_training.process_group import collective_device
 
 __all__ = [
     "capture_rng_state",
@@ -267,8 +268,7 @@ def gather_rng_states(
     local = capture_rng_state(generators)
     if not (ctx.is_distributed and process_group_up()):
         return [local]
-    nccl = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    device = collective_device()
     payload = _to_bytes(local).to(device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(ctx.world_size)]
     dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64, device=device))

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_training.config.checks import check_int_argument, check_positive_int_argument
+
 __all__ = [
     "PEAK_TFLOPS",
     "ThroughputMeter",
@@ -29,12 +31,6 @@ __all__ = [
     "flops_per_token",
     "peak_tflops",
 ]
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    # bool is an int subclass: world_size=True must not pass as 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 # --- FLOPs and peaks -----------------------------------------------------------------------
@@ -86,8 +82,7 @@ def flops_per_token(
         ("head_dim", head_dim),
         ("seq_len", seq_len),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        check_int_argument(name, value, 0)
     return 6 * num_params + 12 * num_layers * num_heads * head_dim * seq_len
 
 
@@ -236,7 +231,7 @@ class ThroughputMeter:
             raise ValueError(f"flops_per_token must be > 0, got {flops_per_token!r}")
         if peak_tflops is not None and not peak_tflops > 0:
             raise ValueError(f"peak_tflops must be > 0, got {peak_tflops!r}")
-        _check_positive_int("world_size", world_size)
+        check_positive_int_argument("world_size", world_size)
         self.device = (
             torch.device(device)
             if device is not None

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gpu_training.config.checks import check_int_argument, check_positive_int_argument
 from gpu_training.ddp import DistributedContext
 
 __all__ = ["ProfileResult", "profile_steps"]
@@ -74,11 +75,8 @@ def profile_steps(
         >>> result.trace_path.name, "aten::" in result.table
         ('trace_rank0.json', True)
     """
-    # bool is an int subclass: steps=True must not pass as 1.
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    check_positive_int_argument("steps", steps)
+    check_int_argument("warmup", warmup, 0)
     context = ctx or DistributedContext()
     if not context.is_main_process:
         for i in range(warmup + steps):

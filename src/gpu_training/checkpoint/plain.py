@@ -58,7 +58,8 @@ from gpu_training.checkpoint.files import (
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 from gpu_training.checkpoint.safe_load import check_loads_back, refused_message
 from gpu_training.checkpoint.snapshot import Snapshot, StagingBuffers, snapshot_state
-from gpu_training.ddp import DistributedContext, process_group_up
+from gpu_training.ddp import DistributedContext
+from gpu_training.process_group import collective_device, process_group_up
 
 __all__ = ["MapLocation", "PlainFormat"]
 
@@ -93,13 +94,6 @@ def _install_exit_hook() -> None:
     # needs; plain atexit hooks run after that, too late to let a pending save finish
     register = getattr(threading, "_register_atexit", atexit.register)
     register(_settle_all_at_exit)
-
-
-def _status_device() -> torch.device:
-    # NCCL only moves CUDA tensors; gloo (alone or in "cpu:gloo,cuda:nccl") moves CPU ones
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _fsync_file(path: Path) -> None:
@@ -321,7 +315,7 @@ class PlainFormat:
             raw = message.encode("utf-8", errors="replace")[: _STATUS_BYTES - 1]
             status[0] = 1
             status[1 : 1 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        device_status = status.to(_status_device())
+        device_status = status.to(collective_device())
         dist.broadcast(device_status, src=0)
         status = device_status.cpu()
         if int(status[0]) == 0:

@@ -81,13 +81,8 @@ def register(subparsers: Any) -> None:
 def _snapshot(args: argparse.Namespace) -> list[Any]:
     """The GPUs' states; raises ``NoGPUError`` when there are none (a replay included)."""
     from gpu_training.cli import UsageError
-    from gpu_training.monitor import (
-        NoGPUError,
-        _with_processes,
-        parse_apps_csv,
-        parse_gpu_csv,
-        query_gpus,
-    )
+    from gpu_training.monitor import NoGPUError, parse_apps_csv, parse_gpu_csv, query_gpus
+    from gpu_training.monitor.query import with_processes
 
     if args.replay is None:
         if args.replay_apps is not None:
@@ -97,7 +92,7 @@ def _snapshot(args: argparse.Namespace) -> list[Any]:
         states = parse_gpu_csv(Path(args.replay).read_text(encoding="utf-8"))
         if args.replay_apps is not None:
             apps = parse_apps_csv(Path(args.replay_apps).read_text(encoding="utf-8"))
-            states = _with_processes(states, apps)
+            states = with_processes(states, apps)
     except OSError as err:
         raise UsageError(f"monitor: cannot read {err.filename}: {err.strerror}") from None
     except ValueError as err:

@@ -39,6 +39,7 @@ import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 
+from gpu_training.config.checks import check_int_argument
 from gpu_training.launcher.supervise import (
     EXIT_STOPPED,
     FORWARDED_SIGNALS,
@@ -136,9 +137,7 @@ def _check_flags(flags: object) -> list[str]:
 def _check_max_restarts(max_restarts: object) -> int | None:
     if max_restarts is None:
         return None
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
-    return max_restarts
+    return check_int_argument("max_restarts", max_restarts, 0)
 
 
 def _check_rdzv_id(rdzv_id: object) -> str:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from gpu_training.config.checks import check_int_argument
 from gpu_training.launcher import RESTART_ENV, SIGNALS_TO_HANDLE
 
 __all__ = ["RDZV_PORT", "RESTART_POLICIES", "dns_name", "pytorchjob_manifest", "render_manifest"]
@@ -55,12 +56,6 @@ def dns_name(text: str) -> str:
     name = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")
     name = re.sub(r"^[^a-z]+", "", name)[:63].rstrip("-")
     return name or "train"
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 def pytorchjob_manifest(
@@ -115,14 +110,13 @@ def pytorchjob_manifest(
             f"name must be a DNS-1035 label (lowercase letters, digits and '-', starting with "
             f"a letter, at most 63 characters), got {name!r}"
         )
-    _positive("nodes", nodes)
-    _positive("gpus_per_node", gpus_per_node)
-    low = nodes if min_nodes is None else _positive("min_nodes", min_nodes)
-    high = nodes if max_nodes is None else _positive("max_nodes", max_nodes)
+    check_int_argument("nodes", nodes)
+    check_int_argument("gpus_per_node", gpus_per_node)
+    low = nodes if min_nodes is None else check_int_argument("min_nodes", min_nodes)
+    high = nodes if max_nodes is None else check_int_argument("max_nodes", max_nodes)
     if not low <= nodes <= high:
         raise ValueError(f"min_nodes must be <= nodes ({nodes}) <= max_nodes, got {low} and {high}")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    check_int_argument("max_restarts", max_restarts, 0)
     if restart_policy not in RESTART_POLICIES:
         raise ValueError(
             f"restart_policy must be one of {', '.join(RESTART_POLICIES)}, got {restart_policy!r}"
@@ -140,7 +134,7 @@ def pytorchjob_manifest(
     env = [{"name": key, "value": value} for key, value in RESTART_ENV.items()]
     resources: dict[str, Any] = {"limits": {gpu_resource: gpus_per_node}}
     if cpus_per_node is not None:
-        _positive("cpus_per_node", cpus_per_node)
+        check_int_argument("cpus_per_node", cpus_per_node)
         threads = max(1, cpus_per_node // gpus_per_node)
         env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
         resources["requests"] = {"cpu": cpus_per_node}

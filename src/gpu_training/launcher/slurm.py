@@ -31,6 +31,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
+from gpu_training.config.checks import check_int_argument
 from gpu_training.launcher import RESTART_ENV, SIGNALS_TO_HANDLE
 
 __all__ = ["PREEMPT_WARNING_S", "sbatch_script", "submit"]
@@ -46,12 +47,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 def _check(name: str, value: object, pattern: re.Pattern[str], expected: str) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return value
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return value
 
 
@@ -101,20 +96,18 @@ def sbatch_script(
     Raises:
         ValueError: If an argument is invalid; the message names it.
     """
-    _positive("nodes", nodes)
-    _positive("gpus_per_node", gpus_per_node)
+    check_int_argument("nodes", nodes)
+    check_int_argument("gpus_per_node", gpus_per_node)
     if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
         raise ValueError(f"args must be a list of strings, got {args!r}")
-    if max_restarts is not None and (
-        isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0
-    ):
-        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if max_restarts is not None:
+        check_int_argument("max_restarts", max_restarts, 0)
     if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
         raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
     if port is not None and not 1 <= port <= 65535:
         raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
     if cpus_per_node is not None:
-        _positive("cpus_per_node", cpus_per_node)
+        check_int_argument("cpus_per_node", cpus_per_node)
     path = os.fspath(target)
     if not path.strip():
         raise ValueError("target must be a non-empty script path or module name")

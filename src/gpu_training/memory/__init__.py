@@ -8,6 +8,8 @@
 - :mod:`~gpu_training.memory.estimate`: :func:`estimate_memory` and :func:`profile_memory`:
   parameters, gradients, optimizer state, activations (measured), temporary buffers and
   overhead per GPU, for any strategy and world size.
+- :mod:`~gpu_training.memory.profile`: :class:`MemoryProfile`, the measured profile, and its
+  layout per strategy and world size.
 - :mod:`~gpu_training.memory.reference`: :func:`reference_transformer`, what a shape is
   measured on.
 - :mod:`~gpu_training.memory.tracking`: :func:`memory_tracking`, :func:`clear_cuda_cache`,
@@ -48,9 +50,10 @@ _EXPORTS: dict[str, str] = {
     "measure_activation_bytes": "measure",
     "profile_step": "measure",
     # estimate
-    "MemoryProfile": "estimate",
     "estimate_memory": "estimate",
     "profile_memory": "estimate",
+    # profile
+    "MemoryProfile": "profile",
     # reference
     "reference_transformer": "reference",
     # tracking
@@ -103,13 +106,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         parse_layout,
         per_gpu_bytes,
     )
-    from gpu_training.memory.estimate import MemoryProfile, estimate_memory, profile_memory
+    from gpu_training.memory.estimate import estimate_memory, profile_memory
     from gpu_training.memory.measure import (
         LiveTensorTracker,
         detect_blocks,
         measure_activation_bytes,
         profile_step,
     )
+    from gpu_training.memory.profile import MemoryProfile
     from gpu_training.memory.reference import reference_transformer
     from gpu_training.memory.tracking import (
         OOMDiagnosis,

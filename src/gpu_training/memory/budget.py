@@ -20,6 +20,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpu_training.config.checks import check_int_argument
+
 __all__ = [
     "DEFAULT_OVERHEAD_BYTES",
     "LAYOUTS",
@@ -120,10 +122,7 @@ def _state_per_param(optimizer: str | int) -> int:
 
 
 def _check_count(name: str, value: object, minimum: int = 0) -> int:
-    # bool is an int subclass: num_params=True must not pass as 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise MemoryBudgetError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return check_int_argument(name, value, minimum, error=MemoryBudgetError)
 
 
 _PRECISIONS = ("fp32", "bf16", "fp16", "auto")

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["LiveTensorTracker", "storage_key"]
+__all__ = ["LiveTensorTracker", "storage_bytes", "storage_key"]
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
@@ -36,7 +36,8 @@ def storage_key(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def _storage_bytes(tensor: torch.Tensor) -> int:
+def storage_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of the whole storage behind ``tensor`` (a view counts its base's storage)."""
     return int(tensor.untyped_storage().nbytes())
 
 
@@ -98,7 +99,7 @@ class LiveTensorTracker(TorchDispatchMode):
             return
         if key not in self._counts:
             self._counts[key] = 0
-            self._sizes[key] = _storage_bytes(tensor)
+            self._sizes[key] = storage_bytes(tensor)
             self.current_bytes += self._sizes[key]
             self._update_peaks()
         self._counts[key] += 1

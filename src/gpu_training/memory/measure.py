@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from gpu_training.memory.live_tensors import LiveTensorTracker, _storage_bytes, storage_key
+from gpu_training.memory.live_tensors import LiveTensorTracker, storage_bytes, storage_key
 
 __all__ = [
     "LiveTensorTracker",
@@ -61,7 +61,7 @@ def _unique_bytes(tensors: Iterator[torch.Tensor] | Sequence[torch.Tensor]) -> i
     for t in tensors:
         key = storage_key(t)
         if key is not None and key not in seen:
-            seen[key] = _storage_bytes(t)
+            seen[key] = storage_bytes(t)
     return sum(seen.values())
 
 
@@ -250,7 +250,7 @@ class _SavedCounter:
             for t in tree_flatten(args)[0]:
                 key = storage_key(t) if isinstance(t, torch.Tensor) else None
                 if key is not None and key not in self.exclude:
-                    self.block_inputs[key] = _storage_bytes(t)
+                    self.block_inputs[key] = storage_bytes(t)
 
         return hook
 
@@ -262,7 +262,7 @@ class _SavedCounter:
         key = storage_key(tensor)
         if key is not None and key not in self.exclude and key not in self.owner:
             self.owner[key] = self.active[-1] if self.active else -1
-            self.sizes[key] = _storage_bytes(tensor)
+            self.sizes[key] = storage_bytes(tensor)
         return tensor
 
     def remove(self) -> None:

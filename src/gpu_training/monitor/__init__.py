@@ -48,9 +48,6 @@ from gpu_training.monitor.query import (
     query_nvidia_smi,
     query_nvml,
 )
-
-# Private, but `gpu-training monitor --replay-apps` (commands/monitor.py) imports it from here.
-from gpu_training.monitor.query import _with_processes as _with_processes
 from gpu_training.monitor.state import THROTTLE_REASONS, GPUProcess, GPUState
 
 __all__ = [

@@ -155,9 +155,10 @@ def parse_apps_csv(text: str) -> dict[str, tuple[GPUProcess, ...]]:
     return {uuid: tuple(procs) for uuid, procs in found.items()}
 
 
-def _with_processes(
+def with_processes(
     states: list[GPUState], apps: Mapping[str, tuple[GPUProcess, ...]]
 ) -> list[GPUState]:
+    """``states`` with each GPU's compute processes from ``apps`` (:func:`parse_apps_csv`)."""
     from dataclasses import replace
 
     return [replace(s, processes=apps.get(s.uuid, ())) for s in states]
@@ -201,7 +202,7 @@ def query_nvidia_smi(timeout: float = 10.0) -> list[GPUState]:
         )
     except NoGPUError:
         return states
-    return _with_processes(states, parse_apps_csv(apps))
+    return with_processes(states, parse_apps_csv(apps))
 
 
 # --- NVML ------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_training.config.checks import check_int_argument
 from gpu_training.memory.budget import (
     DEFAULT_OVERHEAD_BYTES,
     OPTIMIZER_STATE_BYTES,
@@ -124,9 +125,7 @@ class StrategyChoice:
 
 
 def _check_positive(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise StrategyError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return check_int_argument(name, value, minimum, error=StrategyError)
 
 
 def choose_strategy(

@@ -35,6 +35,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from gpu_training.config.checks import check_positive_int_argument
+
 __all__ = [
     "CORPUS_RESOURCE",
     "CharData",
@@ -209,8 +211,7 @@ class CharDataset(Dataset[tuple[Tensor, Tensor]]):
     def __init__(self, tokens: Tensor, block_size: int, stride: int | None = None) -> None:
         stride = block_size if stride is None else stride
         for name, value in (("block_size", block_size), ("stride", stride)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int_argument(name, value)
         if tokens.dim() != 1:
             raise ValueError(f"tokens must be a 1-D tensor, got shape {tuple(tokens.shape)}")
         if tokens.numel() < block_size + 1:

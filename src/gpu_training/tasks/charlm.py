@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpu_training.config import ConfigError
+from gpu_training.config.checks import check_positive_int_argument
 from gpu_training.tasks.chardata import (
     CORPUS_RESOURCE,
     CharData,
@@ -228,8 +229,7 @@ class CharTransformer(nn.Module):
 
     def __init__(self, config: CharLMConfig, vocab_size: int) -> None:
         super().__init__()
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        check_positive_int_argument("vocab_size", vocab_size)
         self.config = config
         self.vocab_size = vocab_size
         self.wte = nn.Embedding(vocab_size, config.n_embd)

@@ -53,7 +53,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -74,6 +73,7 @@ from gpu_training.diagnostics.verify.training_checks import (
     check_grad_sync,
     check_params_after_step,
 )
+from gpu_training.process_group import collective_device
 
 __all__ = [
     "CHECKS",
@@ -293,8 +293,7 @@ def _plan(
             "lower --batch-size or --accum"
         )
     if device is None:
-        cuda = is_distributed(ctx) and dist.get_backend() == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        device = collective_device() if is_distributed(ctx) else torch.device("cpu")
     return VerifyPlan(dataset, loss_fn, ctx, device, batch_size, accum_steps, rtol, atol, seed)
 
 
