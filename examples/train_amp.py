@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpu_training.amp import MixedPrecisionTrainer, should_step
+from gpu_training.amp import MixedPrecisionStepper, should_step
 from gpu_training.config import scale_lr
 from gpu_training.ddp import (
     DistributedContext,
@@ -64,7 +64,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> None:
     effective = batch_size * args.grad_accum * ctx.world_size
     lr = scale_lr(args.lr, args.base_batch, effective)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    trainer = MixedPrecisionTrainer(
+    stepper = MixedPrecisionStepper(
         optimizer, precision=args.precision, grad_accum_steps=args.grad_accum, max_grad_norm=1.0
     )
     # Only whole accumulation windows: a partial one would leak its gradient into the next epoch.
@@ -73,7 +73,7 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> None:
         micro_steps = min(micro_steps, args.steps * args.grad_accum)
     if ctx.is_main_process:
         print(
-            f"precision={trainer.precision} per-device batch={batch_size} "
+            f"precision={stepper.precision} per-device batch={batch_size} "
             f"effective={effective} lr={lr:.3g}"
         )
 
@@ -87,10 +87,10 @@ def train(args: argparse.Namespace, ctx: DistributedContext) -> None:
             x, y = x.to(device), y.to(device)
             # Off the boundary skip DDP's all-reduce: the gradient is still accumulating.
             with gradient_sync(ddp_model, enabled=should_step(micro_step, args.grad_accum)):
-                with trainer.autocast():
+                with stepper.autocast():
                     loss = loss_fn(ddp_model(x), y)
-                trainer.backward(loss)
-            trainer.step(model.parameters(), micro_step)
+                stepper.backward(loss)
+            stepper.step(model.parameters(), micro_step)
             loss_sum += loss.detach().float()  # stays on the device: no host sync per step
         # Every rank joins the reduction; only rank 0 prints the global mean.
         metrics = reduce_scalar_dict({"loss": loss_sum / max(1, micro_steps)}, ctx)

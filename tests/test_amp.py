@@ -28,6 +28,33 @@ def _data(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 8, generator=g), torch.randn(n, 2, generator=g)
 
 
+def test_mixed_precision_trainer_is_the_stepper_under_the_guides_name() -> None:
+    import gpu_training
+    import gpu_training.amp
+    from gpu_training import MixedPrecisionStepper, MixedPrecisionTrainer
+
+    assert MixedPrecisionTrainer is MixedPrecisionStepper
+    assert gpu_training.amp.MixedPrecisionTrainer is gpu_training.amp.MixedPrecisionStepper
+    assert gpu_training.amp.MixedPrecisionStepper is MixedPrecisionStepper
+    names = {"MixedPrecisionStepper", "MixedPrecisionTrainer"}
+    assert names <= set(gpu_training.amp.__all__) and names <= set(gpu_training.__all__)
+
+
+def test_lint_knows_the_stepper_by_both_names() -> None:
+    from gpu_training.diagnostics import lint_source
+
+    for name in ("MixedPrecisionStepper", "MixedPrecisionTrainer"):
+        source = f"""
+from gpu_training.amp import {name}
+
+def run(ctx, optimizer, model):
+    amp = {name}(optimizer, "bf16")
+    if ctx.rank == 0:
+        amp.step(model.parameters(), 0)
+"""
+        assert [(f.line, f.code) for f in lint_source(source)] == [(7, "GT014")], name
+
+
 def test_should_step_boundaries() -> None:
     assert [should_step(i, 4) for i in range(8)] == [False, False, False, True] * 2
     assert all(should_step(i, 1) for i in range(3))

@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "unwrap_model": "ddp",
     "train_one_epoch": "ddp",
     # amp
+    "MixedPrecisionStepper": "amp",
     "MixedPrecisionTrainer": "amp",
     "GradNorm": "amp",
     "needs_grad_scaler": "amp",
@@ -117,6 +118,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from gpu_training.amp import (
         GradNorm,
+        MixedPrecisionStepper,
         MixedPrecisionTrainer,
         needs_grad_scaler,
         resolve_precision,

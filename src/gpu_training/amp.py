@@ -2,15 +2,17 @@
 
 Two mechanisms people conflate: *autocast* (run matmuls in fp16/bf16, keep fp32 master
 weights) and *loss scaling* (a numerical workaround that only fp16 needs). One
-:class:`MixedPrecisionTrainer` hides both behind the same loop body for every precision::
+:class:`MixedPrecisionStepper` hides both behind the same loop body for every precision::
 
-    trainer = MixedPrecisionTrainer(optimizer, precision="bf16",
+    stepper = MixedPrecisionStepper(optimizer, precision="bf16",
                                     grad_accum_steps=4, max_grad_norm=1.0)
     for micro_step, (x, y) in enumerate(loader):
-        with trainer.autocast():
+        with stepper.autocast():
             loss = loss_fn(model(x), y)
-        trainer.backward(loss)                             # ÷ accumulation, scale, backward
-        grad_norm = trainer.step(model.parameters(), micro_step)  # acts on boundaries only
+        stepper.backward(loss)                             # ÷ accumulation, scale, backward
+        grad_norm = stepper.step(model.parameters(), micro_step)  # acts on boundaries only
+
+The guides call it ``MixedPrecisionTrainer``: that name is an alias of the same class.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 __all__ = [
     "GradNorm",
+    "MixedPrecisionStepper",
     "MixedPrecisionTrainer",
     "Precision",
     "autocast_dtype",
@@ -128,21 +131,21 @@ def _optimizer_device(optimizer: torch.optim.Optimizer) -> torch.device:
 class GradNorm:
     """The gradient norm of one optimizer step, measured on first read.
 
-    :meth:`MixedPrecisionTrainer.step_async` returns one on each accumulation boundary.
+    :meth:`MixedPrecisionStepper.step_async` returns one on each accumulation boundary.
     Clipping measures the norm anyway, so then it is already there; otherwise nothing is
     computed until :meth:`tensor`, :meth:`item` or ``float()`` asks — a full pass over the
     gradients that a loop which never reads the norm does not pay for. Until then the handle
     keeps the step's gradients (unscaled, before ``zero_grad``) and drops them at the
-    trainer's next ``autocast()`` or ``backward()``, so it holds no more memory than the step
+    stepper's next ``autocast()`` or ``backward()``, so it holds no more memory than the step
     itself did: read it before the next forward. Under FSDP2 the norm is a collective, so it
     is measured at the step, on every rank.
 
     Example:
         >>> import torch
         >>> model = torch.nn.Linear(4, 1)
-        >>> trainer = MixedPrecisionTrainer(torch.optim.SGD(model.parameters(), lr=0.1), "fp32")
-        >>> trainer.backward(model(torch.ones(3, 4)).pow(2).mean())
-        >>> norm = trainer.step_async(model.parameters(), 0)
+        >>> stepper = MixedPrecisionStepper(torch.optim.SGD(model.parameters(), lr=0.1), "fp32")
+        >>> stepper.backward(model(torch.ones(3, 4)).pow(2).mean())
+        >>> norm = stepper.step_async(model.parameters(), 0)
         >>> norm.computed                    # no clipping: nothing measured yet
         False
         >>> norm.item() > 0 and norm.computed
@@ -193,7 +196,7 @@ class GradNorm:
         """The norm as a 0-d tensor on the gradients' device (``inf`` for a skipped fp16 step).
 
         Raises:
-            RuntimeError: If read after the trainer's next ``autocast()``/``backward()`` (the
+            RuntimeError: If read after the stepper's next ``autocast()``/``backward()`` (the
                 gradients are gone), or if something changed the gradients in place after the
                 step (an optimizer that does: pass ``norm=True`` to ``step_async``).
         """
@@ -233,7 +236,7 @@ class GradNorm:
         return "GradNorm(<not measured>)" if self._grads is not None else "GradNorm(<gone>)"
 
     def _release(self) -> None:
-        """Drop the gradients (the trainer calls this at its next autocast or backward)."""
+        """Drop the gradients (the stepper calls this at its next autocast or backward)."""
         self._params = self._owners = self._grads = self._versions = None
 
 
@@ -249,7 +252,7 @@ def _finish_norm(norm: torch.Tensor, skipped: bool) -> torch.Tensor:
     return norm
 
 
-class MixedPrecisionTrainer:
+class MixedPrecisionStepper:
     """One interface for fp32, fp16 and bf16 steps, with gradient accumulation and clipping.
 
     Args:
@@ -265,12 +268,12 @@ class MixedPrecisionTrainer:
         >>> import torch
         >>> model = torch.nn.Linear(4, 1)
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> trainer = MixedPrecisionTrainer(opt, precision="fp32", grad_accum_steps=2)
+        >>> stepper = MixedPrecisionStepper(opt, precision="fp32", grad_accum_steps=2)
         >>> for micro_step in range(2):
-        ...     with trainer.autocast():
+        ...     with stepper.autocast():
         ...         loss = model(torch.ones(3, 4)).pow(2).mean()
-        ...     trainer.backward(loss)
-        ...     norm = trainer.step(model.parameters(), micro_step)
+        ...     stepper.backward(loss)
+        ...     norm = stepper.step(model.parameters(), micro_step)
         >>> norm is not None
         True
     """
@@ -433,3 +436,7 @@ class MixedPrecisionTrainer:
         if scaler_state:
             self._scaler.load_state_dict(scaler_state)
         self.skipped_steps = int(state.get("skipped_steps", 0))
+
+
+MixedPrecisionTrainer = MixedPrecisionStepper
+"""The name the guides use for :class:`MixedPrecisionStepper` (the same class)."""

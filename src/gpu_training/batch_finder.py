@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpu_training.amp import MixedPrecisionTrainer
+from gpu_training.amp import MixedPrecisionStepper
 from gpu_training.config.checks import check_positive_int_argument
 from gpu_training.ddp import DistributedContext, move_to_device, process_group_up, unwrap_model
 from gpu_training.process_group import collective_device
@@ -412,11 +412,11 @@ def _train_step(
 ) -> None:
     """One full training step; its frame (and every activation) dies when it returns/raises."""
     *inputs, target = move_to_device(tuple(batch), device)
-    trainer = MixedPrecisionTrainer(optimizer, precision=precision, device=device)
-    with trainer.autocast():
+    stepper = MixedPrecisionStepper(optimizer, precision=precision, device=device)
+    with stepper.autocast():
         loss = loss_fn(module(*inputs), target)
-    trainer.backward(loss)
-    trainer.step(module.parameters(), micro_step=0)
+    stepper.backward(loss)
+    stepper.step(module.parameters(), micro_step=0)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # CUDA is asynchronous: an OOM may surface only here
 
@@ -432,7 +432,7 @@ def make_fits(
 
     Each call builds a fresh batch with ``make_batch(batch)``, moves its tensors to the
     model's device, and runs forward (under the precision's autocast), backward and an
-    optimizer step with a fresh optimizer, as :class:`~gpu_training.amp.MixedPrecisionTrainer`
+    optimizer step with a fresh optimizer, as :class:`~gpu_training.amp.MixedPrecisionStepper`
     would in training, so optimizer state and gradients count toward the peak. Afterwards the
     gradients and optimizer state are dropped and the model's parameters, buffers and
     train/eval mode are restored, so probing neither leaks memory nor changes the model.

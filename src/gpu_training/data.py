@@ -12,7 +12,7 @@ Within a global batch the layout is rank-major: rank ``r``'s micro-step ``a`` ho
 ``(r·A + a)·B … (r·A + a + 1)·B`` of the global batch.
 
 Loss normalisation: each micro-batch has exactly ``B`` samples and its loss is the *mean* over
-them; :class:`~gpu_training.amp.MixedPrecisionTrainer` divides each micro-batch loss by ``A``
+them; :class:`~gpu_training.amp.MixedPrecisionStepper` divides each micro-batch loss by ``A``
 before ``backward``, and DDP averages gradients over the ``W`` ranks. The gradient applied
 is therefore ``1/W · Σ_ranks 1/A · Σ_micro 1/B · Σ_samples ∇ℓ = 1/G · Σ_global batch ∇ℓ``:
 the mean over the global batch, whatever the split. (Unequal micro-batches would break this;
@@ -25,7 +25,7 @@ Use it as a DataLoader's ``batch_sampler``::
     sampler = GlobalBatchSampler(len(dataset), global_batch_size=256,
                                  per_device_batch_size=32, ctx=ctx, seed=0)
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=0)
-    trainer = MixedPrecisionTrainer(optimizer,
+    stepper = MixedPrecisionStepper(optimizer,
                                     grad_accum_steps=sampler.gradient_accumulation_steps)
     for epoch in range(sampler.epoch, epochs):
         sampler.set_epoch(epoch)          # keeps the position when resuming this epoch

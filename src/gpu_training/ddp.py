@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from gpu_training.amp import MixedPrecisionTrainer
+from gpu_training.amp import MixedPrecisionStepper
 from gpu_training.dist_init import (
     DEFAULT_TIMEOUT,
     DistributedContext,
@@ -227,7 +227,7 @@ def _set_epoch(loader: Iterable[Any], epoch: int) -> bool:
 def train_one_epoch(
     model: nn.Module,
     loader: DataLoader[Any] | Iterable[Any],
-    trainer: MixedPrecisionTrainer,
+    stepper: MixedPrecisionStepper,
     loss_fn: Callable[..., torch.Tensor],
     ctx: DistributedContext,
     *,
@@ -238,8 +238,8 @@ def train_one_epoch(
 ) -> dict[str, float]:
     """One pass over ``loader`` with accumulation, ``no_sync``, AMP and clipping done right.
 
-    For each micro-batch ``(x, y)``: forward under ``trainer.autocast()``, ``trainer.backward``
-    inside ``no_sync`` unless it closes an accumulation window, then ``trainer.step_async``
+    For each micro-batch ``(x, y)``: forward under ``stepper.autocast()``, ``stepper.backward``
+    inside ``no_sync`` unless it closes an accumulation window, then ``stepper.step_async``
     (which acts only on boundaries) and ``scheduler.step()`` after each optimizer step. The
     host never waits for the device inside the epoch: losses and norms add up on the device
     and are read once at the end. Calls
@@ -249,7 +249,7 @@ def train_one_epoch(
     Args:
         model: The (DDP-wrapped or plain) model.
         loader: Yields ``(inputs, targets)`` pairs.
-        trainer: Holds the optimizer, precision and accumulation.
+        stepper: Holds the optimizer, precision and accumulation.
         loss_fn: ``loss_fn(model(inputs), targets)`` → scalar mean loss of the micro-batch.
         ctx: This process's context; metrics are averaged over its ranks.
         epoch: Epoch number, passed to ``sampler.set_epoch``.
@@ -259,7 +259,7 @@ def train_one_epoch(
 
     Returns:
         Averaged over ranks: ``loss`` (mean micro-batch loss), ``grad_norm`` (mean over the
-        steps whose norm was measured: every step when the trainer clips, which measures them
+        steps whose norm was measured: every step when the stepper clips, which measures them
         anyway, or when the loader has no ``len()`` and no ``max_steps`` bounds it; otherwise
         only the last step's), ``lr`` (at the end), and the counts ``steps``, ``skipped_steps`` and
         ``samples`` (per rank).
@@ -272,7 +272,7 @@ def train_one_epoch(
         )
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    accum = trainer.grad_accum_steps
+    accum = stepper.grad_accum_steps
     usable: int | None = None
     if hasattr(loader, "__len__"):
         usable = (len(loader) // accum) * accum  # type: ignore[arg-type]
@@ -294,9 +294,9 @@ def train_one_epoch(
         boundary = (micro + 1) % accum == 0
         # The boundary micro-batch syncs as usual: nothing to switch off, nothing to enter.
         with contextlib.nullcontext() if boundary else gradient_sync(model, enabled=False):
-            with trainer.autocast():
+            with stepper.autocast():
                 loss = loss_fn(model(inputs), targets)
-            trainer.backward(loss)
+            stepper.backward(loss)
         losses.append(loss.detach())
         if len(losses) == 256:
             loss_sum += torch.stack(losses).sum(dtype=torch.float64)
@@ -305,10 +305,10 @@ def train_one_epoch(
         micro_batches += 1
         # Without clipping, a norm costs a pass over the gradients: measure the last one only.
         measure = last_step is None or steps + 1 == last_step
-        norm = trainer.step_async(model.parameters(), micro, norm=measure)
+        norm = stepper.step_async(model.parameters(), micro, norm=measure)
         if norm is not None:
             steps += 1
-            if trainer.last_step_skipped:
+            if stepper.last_step_skipped:
                 skipped += 1
             elif norm.computed:
                 norm_sum += norm.tensor().to(norm_sum)
@@ -321,7 +321,7 @@ def train_one_epoch(
         loss_sum += torch.stack(losses).sum(dtype=torch.float64)
     if micro_batches % accum:
         # An unfinished window (loader without len()): drop its gradient rather than leak it.
-        trainer.optimizer.zero_grad(set_to_none=True)
+        stepper.optimizer.zero_grad(set_to_none=True)
     metrics = reduce_scalar_dict(
         {
             "loss": loss_sum / max(1, micro_batches),
@@ -333,5 +333,5 @@ def train_one_epoch(
         ctx,
         average=True,
     )
-    metrics["lr"] = float(trainer.optimizer.param_groups[0]["lr"])
+    metrics["lr"] = float(stepper.optimizer.param_groups[0]["lr"])
     return metrics

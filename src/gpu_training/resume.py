@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from gpu_training.amp import MixedPrecisionTrainer
+from gpu_training.amp import MixedPrecisionStepper
 from gpu_training.config import ConfigError
 from gpu_training.ddp import DistributedContext, unwrap_model
 from gpu_training.job import JobConfig
@@ -62,7 +62,7 @@ def capture_training_state(
     *,
     step: int,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    amp: MixedPrecisionTrainer | None = None,
+    amp: MixedPrecisionStepper | None = None,
     sampler: StatefulSampler | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -78,7 +78,7 @@ def capture_training_state(
         optimizer: Its ``state_dict`` is saved.
         step: Optimizer steps completed.
         scheduler: LR scheduler to save.
-        amp: Mixed-precision trainer (loss scale, skipped steps).
+        amp: The mixed-precision stepper (loss scale, skipped steps).
         sampler: Sampler with ``state_dict`` (epoch and position).
         generators: Named private generators (e.g. each DataLoader's ``generator``).
         extra: Plain data of the caller's (epoch counters, best metric...).
@@ -133,7 +133,7 @@ def capture_run_state(
     *,
     step: int,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    amp: MixedPrecisionTrainer | None = None,
+    amp: MixedPrecisionStepper | None = None,
     sampler: StatefulSampler | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
 ) -> dict[str, Any]:
@@ -160,7 +160,7 @@ def restore_training_state(
     optimizer: torch.optim.Optimizer,
     *,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    amp: MixedPrecisionTrainer | None = None,
+    amp: MixedPrecisionStepper | None = None,
     sampler: StatefulSampler | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
     seed: int = 0,
@@ -187,7 +187,7 @@ def restore_run_state(
     ctx: DistributedContext,
     *,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    amp: MixedPrecisionTrainer | None = None,
+    amp: MixedPrecisionStepper | None = None,
     sampler: StatefulSampler | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
     seed: int = 0,

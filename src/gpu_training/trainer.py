@@ -1,7 +1,7 @@
 """The main job: ``Trainer(job).fit()`` composes the helpers into one correct training run.
 
 context → task (model, data) → world-size-invariant sampler → strategy wrapping →
-MixedPrecisionTrainer → warmup-cosine schedule → CheckpointManager (auto-resume) → step loop
+MixedPrecisionStepper → warmup-cosine schedule → CheckpointManager (auto-resume) → step loop
 → metrics reduced over ranks → rank-0 reporting. The Trainer holds no math of its own: every
 piece is a helper a hand-written loop can use directly (``examples/train_ddp.py`` does).
 
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gpu_training.amp import MixedPrecisionTrainer, resolve_precision
+from gpu_training.amp import MixedPrecisionStepper, resolve_precision
 from gpu_training.checkpoint import CheckpointError, CheckpointManager
 from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.data import GlobalBatchSampler
@@ -126,9 +126,9 @@ class _Run:
     """Optimizer steps of the whole run."""
 
     @property
-    def amp(self) -> MixedPrecisionTrainer | None:
+    def amp(self) -> MixedPrecisionStepper | None:
         """None under DeepSpeed (the engine owns precision and clipping)."""
-        return self.prepared.trainer
+        return self.prepared.stepper
 
 
 @dataclass

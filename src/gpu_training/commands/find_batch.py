@@ -281,12 +281,12 @@ def _throughput(
 ) -> dict[str, Any]:
     import torch
 
-    from gpu_training.amp import MixedPrecisionTrainer
+    from gpu_training.amp import MixedPrecisionStepper
     from gpu_training.ddp import move_to_device
     from gpu_training.throughput import ThroughputMeter
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-12)  # timing only: barely moves
-    trainer = MixedPrecisionTrainer(optimizer, precision=job.training.precision, device=device)
+    stepper = MixedPrecisionStepper(optimizer, precision=job.training.precision, device=device)
     *inputs, target = move_to_device(tuple(make_batch(batch_size)), device)
     tokens = int(target.numel()) if target.dim() >= 2 else None
     fpt_fn = getattr(model, "flops_per_token", None)
@@ -297,17 +297,17 @@ def _throughput(
         peak_tflops=args.peak_tflops,
         world_size=world_size,
         device=device,
-        precision=trainer.precision,
+        precision=stepper.precision,
     )
     snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.train()
     for step in range(args.throughput_steps + 1):  # step 0 warms up (allocator, kernels)
         if step == 1:
             meter.start()
-        with trainer.autocast():
+        with stepper.autocast():
             loss = loss_fn(model(*inputs), target)
-        trainer.backward(loss)
-        trainer.step(model.parameters(), micro_step=0)
+        stepper.backward(loss)
+        stepper.step(model.parameters(), micro_step=0)
         meter.update(samples=batch_size, tokens=tokens)
     stats = meter.compute()
     model.load_state_dict(snapshot)

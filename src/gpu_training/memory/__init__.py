@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "detect_blocks": "measure",
     "measure_activation_bytes": "measure",
     "profile_step": "measure",
+    "repeated_blocks": "measure",
     # estimate
     "estimate_memory": "estimate",
     "profile_memory": "estimate",
@@ -87,6 +88,7 @@ __all__ = [
     "profile_memory",
     "profile_step",
     "reference_transformer",
+    "repeated_blocks",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
@@ -112,6 +114,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         detect_blocks,
         measure_activation_bytes,
         profile_step,
+        repeated_blocks,
     )
     from gpu_training.memory.profile import MemoryProfile
     from gpu_training.memory.reference import reference_transformer

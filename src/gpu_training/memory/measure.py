@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "detect_blocks",
     "measure_activation_bytes",
     "profile_step",
+    "repeated_blocks",
     "storage_key",
 ]
 
@@ -73,32 +74,62 @@ def _state_keys(model: nn.Module) -> set[int]:
 # --- blocks --------------------------------------------------------------------------------
 
 
-def detect_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks: same-class children of a ``ModuleList``/``Sequential``.
+def _param_count(modules: Iterable[nn.Module]) -> int:
+    """Elements of the parameters of ``modules``, each parameter counted once (tied ones too)."""
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total
 
-    The group covering the most parameters wins (a transformer's layer stack, not the two
-    linears of each layer's MLP). The same rule as ``gpu_training.strategy.detect_blocks``,
-    which sits above this module and raises instead of returning ``[]``.
+
+def repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's repeated blocks, as ``(qualified name, module)`` pairs; ``[]`` when none.
+
+    The one scan both :func:`detect_blocks` and ``gpu_training.strategy.detect_blocks`` use:
+    among every ``nn.ModuleList`` and ``nn.Sequential``, the children of one class that have
+    parameters, two or more of them; the group covering the most parameters wins (a
+    transformer's layer stack, not the two linears of each layer's MLP), each parameter
+    counted once (tied weights too), the first such group on a tie.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 2))
+        >>> [name for name, _ in repeated_blocks(m)]
+        ['0', '2', '3']
+    """
+    best: list[tuple[str, nn.Module]] = []
+    best_size = -1
+    for prefix, container in model.named_modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            continue
+        groups: dict[type, list[tuple[str, nn.Module]]] = {}
+        for child_name, child in container.named_children():
+            if any(True for _ in child.parameters()):
+                name = f"{prefix}.{child_name}" if prefix else child_name
+                groups.setdefault(type(child), []).append((name, child))
+        for members in groups.values():
+            size = _param_count(m for _, m in members)
+            if len(members) >= 2 and size > best_size:
+                best, best_size = members, size
+    return best
+
+
+def detect_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks (:func:`repeated_blocks`), the modules only; ``[]`` if none.
+
+    ``gpu_training.strategy.detect_blocks``, which sits above this module, takes a Hugging
+    Face model's declared blocks first, then runs the same scan, and raises instead of
+    returning ``[]``.
 
     Example:
         >>> m = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 8))
         >>> [type(b).__name__ for b in detect_blocks(m)]
         ['Linear', 'Linear']
     """
-    best: list[nn.Module] = []
-    best_size = -1
-    for container in model.modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            continue
-        groups: dict[type, list[nn.Module]] = {}
-        for child in container.children():
-            if any(True for _ in child.parameters()):
-                groups.setdefault(type(child), []).append(child)
-        for members in groups.values():
-            size = sum(p.numel() for m in members for p in m.parameters())
-            if len(members) >= 2 and size > best_size:
-                best, best_size = members, size
-    return best
+    return [module for _, module in repeated_blocks(model)]
 
 
 # --- fake copies of a model's state ----------------------------------------------------------

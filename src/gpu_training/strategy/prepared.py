@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpu_training.amp import MixedPrecisionTrainer, resolve_precision
+from gpu_training.amp import MixedPrecisionStepper, resolve_precision
 from gpu_training.checkpoint import CheckpointManager
 from gpu_training.config import TrainingConfig
 from gpu_training.ddp import DistributedContext, resolve_device
@@ -82,14 +82,19 @@ class Prepared:
     precision: str
     """The resolved precision (``fp32``, ``bf16`` or ``fp16``)."""
 
-    trainer: MixedPrecisionTrainer | None = None
-    """none/ddp/fsdp: the precision trainer (its state goes into checkpoints)."""
+    stepper: MixedPrecisionStepper | None = None
+    """none/ddp/fsdp: the stepper (its state goes into checkpoints)."""
 
     engine: Any = None
     """deepspeed: the ``DeepSpeedEngine`` (the same object as ``model``)."""
 
     deepspeed_config: dict[str, Any] | None = None
     """deepspeed: the filled config it was initialised with."""
+
+    @property
+    def trainer(self) -> MixedPrecisionStepper | None:
+        """The old name of :attr:`stepper` (read-only)."""
+        return self.stepper
 
     @property
     def checkpoint_format(self) -> str:
@@ -198,7 +203,7 @@ def prepare(
     """Wrap ``model`` for ``strategy``, build its optimizer and the step functions.
 
     none/ddp/fsdp: :func:`~gpu_training.strategy.wrap_model`, the optimizer over the wrapped
-    parameters, a :class:`~gpu_training.amp.MixedPrecisionTrainer` with the config's
+    parameters, a :class:`~gpu_training.amp.MixedPrecisionStepper` with the config's
     precision, accumulation and clipping. deepspeed:
     :func:`~gpu_training.strategy.build_deepspeed_config` (from ``deepspeed_config``, else
     the strategy's file, else the built-in ZeRO-2 config), activation checkpointing if asked,
@@ -272,7 +277,7 @@ def prepare(
 
     # FSDP's MixedPrecisionPolicy already computes in bf16: no autocast on top.
     amp_precision = "fp32" if isinstance(wrapped, FSDPModule) else precision
-    trainer = MixedPrecisionTrainer(
+    stepper = MixedPrecisionStepper(
         make_optimizer(wrapped.parameters()),
         precision=amp_precision,
         grad_accum_steps=config.gradient_accumulation_steps,
@@ -281,9 +286,9 @@ def prepare(
     )
     return Prepared(
         model=wrapped,
-        optimizer=trainer.optimizer,
-        steps=step_fns(wrapped, trainer),
+        optimizer=stepper.optimizer,
+        steps=step_fns(wrapped, stepper),
         strategy=spec,
         precision=precision,
-        trainer=trainer,
+        stepper=stepper,
     )

@@ -9,8 +9,8 @@ rest (embeddings, head). The same blocks are the units of activation checkpointi
     model = wrap_model(model, "fsdp", ctx, mixed_precision="bf16",
                        block_classes={"Block"}, activation_checkpointing=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)   # after wrapping
-    trainer = MixedPrecisionTrainer(optimizer, precision="bf16", grad_accum_steps=4)
-    steps = step_fns(model, trainer)
+    stepper = MixedPrecisionStepper(optimizer, precision="bf16", grad_accum_steps=4)
+    steps = step_fns(model, stepper)
     for micro_step, (x, y) in enumerate(loader):
         with steps.sync(micro_step):                  # no gradient sync off the boundary
             with steps.autocast():
@@ -22,7 +22,6 @@ rest (embeddings, head). The same blocks are the units of activation checkpointi
 from __future__ import annotations
 
 import contextlib
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +32,13 @@ from torch import nn
 
 from gpu_training.amp import (
     GradNorm,
-    MixedPrecisionTrainer,
+    MixedPrecisionStepper,
     autocast_dtype,
     resolve_precision,
     should_step,
 )
 from gpu_training.ddp import DistributedContext, gradient_sync, process_group_up, resolve_device
+from gpu_training.memory.measure import repeated_blocks
 from gpu_training.strategy.spec import (
     SHARDINGS,
     StrategyConfig,
@@ -156,17 +156,6 @@ def find_blocks(
     return _outermost(model, match)
 
 
-def _param_count(modules: Iterable[nn.Module]) -> int:
-    seen: set[int] = set()
-    total = 0
-    for module in modules:
-        for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel()
-    return total
-
-
 def declared_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The blocks a Hugging Face model declares: the classes its ``_no_split_modules`` names.
 
@@ -197,7 +186,8 @@ def detect_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     A Hugging Face model's ``_no_split_modules`` decide (:func:`declared_blocks`): no class
     names to type. Otherwise, among every ``nn.ModuleList`` and ``nn.Sequential`` holding two
     or more modules of one class that have parameters, picks the group covering the most
-    parameters (a transformer's layer stack, not the two linears of an MLP inside each layer).
+    parameters (a transformer's layer stack, not the two linears of an MLP inside each layer):
+    :func:`~gpu_training.memory.measure.repeated_blocks`, the scan the memory profile uses.
 
     Raises:
         StrategyError: If no container holds two or more same-class modules with parameters.
@@ -210,20 +200,7 @@ def detect_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     declared = declared_blocks(model)
     if declared:
         return declared
-    best: list[tuple[str, nn.Module]] = []
-    best_size = -1
-    for prefix, container in model.named_modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            continue
-        groups: dict[type, list[tuple[str, nn.Module]]] = defaultdict(list)
-        for child_name, child in container.named_children():
-            if any(True for _ in child.parameters()):
-                name = f"{prefix}.{child_name}" if prefix else child_name
-                groups[type(child)].append((name, child))
-        for members in groups.values():
-            size = _param_count(m for _, m in members)
-            if len(members) >= 2 and size > best_size:
-                best, best_size = members, size
+    best = repeated_blocks(model)
     if not best:
         raise StrategyError(
             "no repeated blocks found to wrap: no nn.ModuleList/nn.Sequential holds two or more "
@@ -382,7 +359,7 @@ def wrap_model(
 
     - ``none``: the model on ``device``, with checkpointed blocks if asked.
     - ``ddp``: ``DistributedDataParallel`` with gradients as bucket views (no second copy of
-      the gradients). Precision is :class:`~gpu_training.amp.MixedPrecisionTrainer`'s job.
+      the gradients). Precision is :class:`~gpu_training.amp.MixedPrecisionStepper`'s job.
     - ``fsdp``: ``fully_shard`` on each block, then on the root, then rank 0's buffers
       broadcast to every rank (as DDP does; FSDP2 never syncs buffers itself);
       ``MixedPrecisionPolicy`` with ``param_dtype`` from ``mixed_precision`` and fp32 gradient
@@ -508,14 +485,14 @@ class StepFns:
     step_async: Callable[[int], GradNorm | None]
 
 
-def step_fns(model: nn.Module, trainer: MixedPrecisionTrainer) -> StepFns:
-    """:class:`StepFns` for a model from :func:`wrap_model` and its precision trainer.
+def step_fns(model: nn.Module, stepper: MixedPrecisionStepper) -> StepFns:
+    """:class:`StepFns` for a model from :func:`wrap_model` and its stepper.
 
     Args:
         model: The wrapped model (DDP, FSDP2 module or plain).
-        trainer: Holds the optimizer, precision, accumulation and clipping.
+        stepper: Holds the optimizer, precision, accumulation and clipping.
     """
-    accum = trainer.grad_accum_steps
+    accum = stepper.grad_accum_steps
 
     def sync(micro_step: int) -> contextlib.AbstractContextManager[Any]:
         if should_step(micro_step, accum):
@@ -523,15 +500,15 @@ def step_fns(model: nn.Module, trainer: MixedPrecisionTrainer) -> StepFns:
         return gradient_sync(model, enabled=False)
 
     def step(micro_step: int) -> float | None:
-        return trainer.step(model.parameters(), micro_step)
+        return stepper.step(model.parameters(), micro_step)
 
     def step_async(micro_step: int) -> GradNorm | None:
-        return trainer.step_async(model.parameters(), micro_step)
+        return stepper.step_async(model.parameters(), micro_step)
 
     return StepFns(
         sync=sync,
-        autocast=trainer.autocast,
-        backward=trainer.backward,
+        autocast=stepper.autocast,
+        backward=stepper.backward,
         step=step,
         step_async=step_async,
     )

@@ -317,7 +317,7 @@ def rank_dependent_update(call: ast.Call, scope: Scope, facts: ModuleFacts) -> s
     receiver = call.func.value
     kinds = facts.kinds(receiver, scope)
     label = tail(dotted(receiver)).lower()
-    if kinds & {"scheduler", "optimizer", "scaler", "amp_trainer"} or any(
+    if kinds & {"scheduler", "optimizer", "scaler", "amp_stepper"} or any(
         word in label for word in ("sched", "optim", "scaler")
     ):
         return f"{dotted(receiver) or 'optimizer'}.step()"

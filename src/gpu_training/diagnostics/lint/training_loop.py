@@ -266,7 +266,7 @@ class LoopAnalysis:
             return False
         receiver = node.func.value
         kinds = self.facts.kinds(receiver, scope)
-        if kinds & {"optimizer", "scaler", "amp_trainer"}:
+        if kinds & {"optimizer", "scaler", "amp_stepper"}:
             return True
         label = tail(dotted(receiver)).lower()
         return "sched" not in label and ("opt" in label or "scaler" in label)
