@@ -277,11 +277,12 @@ def _skip_ddp_construction_log() -> None:
 
     With DETAIL, every gloo group is wrapped in torch's ``ProcessGroupWrapper`` (the
     collective fingerprint check); DDP's constructor then segfaults in
-    ``c10d::Logger::set_env_variables`` (measured on torch 2.13 CPU: 3 of 3 jobs, a 5-line
-    script too), which casts the wrapper to ``ProcessGroupGloo``. DDP looks its logger class
-    up as ``torch.distributed.Logger`` at construction, so a subclass that skips only that
-    record keeps everything else (runtime stats, error logging, the reducer's hooks). The
-    construction-time fields of ``_get_ddp_logging_data()`` are then missing.
+    ``c10d::Logger::set_env_variables`` (reproducibly, a minimal script too:
+    benchmarks/README.md, "Traps"), which casts the wrapper to ``ProcessGroupGloo``. DDP
+    looks its logger class up as ``torch.distributed.Logger`` at construction, so a subclass
+    that skips only that record keeps everything else (runtime stats, error logging, the
+    reducer's hooks). The construction-time fields of ``_get_ddp_logging_data()`` are then
+    missing.
     """
     if not issubclass(dist.Logger, _DetailSafeLogger):
         dist.Logger = _DetailSafeLogger  # type: ignore[misc]

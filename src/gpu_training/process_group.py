@@ -128,7 +128,7 @@ def cleanup_distributed() -> None:
     # Gloo threads alive at interpreter shutdown can abort the process (DESIGN.md, exit abort).
     _release_group_defaults()
     if world is not None and world() is not None:
-        gc.collect()  # only a reference cycle can still hold it; a full collection costs ~0.1 s
+        gc.collect()  # only a reference cycle can still hold it; a full collection is not free
 
 
 def _teardown_after_failure(failure: BaseException) -> None:

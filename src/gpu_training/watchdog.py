@@ -6,8 +6,8 @@ forever in their next collective), or the ranks called different collectives. Th
 
 * :func:`entry_point` — wrap ``main`` with it. It writes torchrun's error record (what
   torchelastic's ``record`` does), so ``torchrun`` reports the rank that raised, with its
-  traceback, instead of the rank it had to kill (measured: without it the victim is named),
-  and it switches debug mode on when ``GPU_TRAINING_DEBUG=1``.
+  traceback, instead of the rank it had to kill (benchmarks/README.md, "Traps"), and it
+  switches debug mode on when ``GPU_TRAINING_DEBUG=1``.
 * :func:`enable_debug_mode` — ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` before the process group is
   created: every collective is fingerprinted first, and a mismatch (``all_reduce`` on one rank,
   ``broadcast`` on another) raises on both ranks, naming both, in well under a second instead

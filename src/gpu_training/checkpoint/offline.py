@@ -276,7 +276,7 @@ def _full_state(
 ) -> dict[str, Any]:
     """``{"model_state", "optimizer_state"?, "extra"?}`` from a sharded or plain checkpoint."""
     if state_format(manifest) == SHARDED_FORMAT:
-        from gpu_training.checkpoint.dcp_read import load_everything  # imports DCP: ~1 s
+        from gpu_training.checkpoint.dcp_read import load_everything  # DCP is slow to import
 
         check_dcp_storage(step_dir, [str(e["name"]) for e in manifest["files"]])
         loaded = load_everything(step_dir)

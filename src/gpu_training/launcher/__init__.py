@@ -531,8 +531,8 @@ def launch_env(base: Mapping[str, str] | None = None, *, nproc_per_node: int = 1
 
     * ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` — by default the agent reuses the rendezvous
       TCP store across restart attempts, and a ``--max_restarts`` recovery after a worker was
-      killed succeeded in 5 of 12 tries (gloo "Connection refused" or a hang; pytorch issues
-      135712, 167288); with it set, 16 of 16 recovered.
+      killed often failed (gloo "Connection refused" or a hang; pytorch issues 135712,
+      167288); with it set, it recovered reliably (benchmarks/README.md, "Traps").
     * ``OMP_NUM_THREADS = max(1, cpus // nproc_per_node)`` — when it is unset and
       ``nproc_per_node > 1`` torchrun forces it to 1 (and prints a warning banner), which
       starves CPU-side work such as data loading and gloo; an even share of the CPUs is

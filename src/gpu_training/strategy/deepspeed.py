@@ -264,9 +264,9 @@ def build_deepspeed_config(
 
     CPU offload of the optimizer: when ``cpu_adam`` (default: a GPU is present) and the
     config defines no optimizer, an ``AdamW`` section is added, which DeepSpeed runs as
-    ``DeepSpeedCPUAdam`` (a C++ op built once, ~70 s). Otherwise the caller's torch optimizer
-    runs on the offloaded state and ``zero_force_ds_cpu_optimizer`` is switched off
-    (DeepSpeed refuses a client optimizer with offload unless told).
+    ``DeepSpeedCPUAdam`` (a C++ op, slow to build the first time). Otherwise the caller's
+    torch optimizer runs on the offloaded state and ``zero_force_ds_cpu_optimizer`` is
+    switched off (DeepSpeed refuses a client optimizer with offload unless told).
 
     Args:
         base: A config mapping, a JSON/YAML file, or None for :data:`DEFAULT_DEEPSPEED_CONFIG`.
@@ -387,7 +387,7 @@ def _import_deepspeed() -> Any:
 def _without_cpu_shm_op(skip: bool) -> Iterator[None]:
     """Stop DeepSpeed from JIT-building its shared-memory comm op while it sets up.
 
-    That op (~40-140 s to compile on first use) serves only DeepSpeed's inference
+    That op (slow to compile on first use) serves only DeepSpeed's inference
     all-reduce on CPU; training collectives go through torch.distributed either way.
     """
     module = sys.modules.get("deepspeed.comm.torch")

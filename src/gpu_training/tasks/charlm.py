@@ -207,10 +207,10 @@ class CharTransformer(nn.Module):
     projections scaled by ``1/sqrt(2·n_layer)`` so the residual stream's variance does not
     grow with depth; biases start at zero. One exception: the tied token embedding starts at
     normal(0, 1/sqrt(n_embd)) (rows of about unit norm), because with 0.02 a model this narrow
-    trained at a high learning rate (3e-3) sits on the unigram plateau for its first hundred-odd
-    steps. The price: untrained, the model favours repeating the input character (its tied
-    logit is about ``sqrt(n_embd)``), so the first step's loss is 7-10 nats rather than
-    ``ln(vocab_size)``; it falls below the unigram baseline within ~20 steps.
+    trained at a high learning rate (3e-3) sits on the unigram plateau for many steps. The
+    price: untrained, the model favours repeating the input character (its tied logit is
+    about ``sqrt(n_embd)``), so the first step's loss is well above ``ln(vocab_size)``; it
+    falls below the unigram baseline soon after (benchmarks/README.md, "Traps").
 
     Args:
         config: The model's shape.
