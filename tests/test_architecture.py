@@ -209,3 +209,26 @@ def test_the_design_map_names_every_layer() -> None:
         assert name in design, f"docs/design.md does not describe the layer {name!r}"
         for prefix in prefixes:
             assert f"`{prefix}" in design, f"docs/design.md does not place {prefix!r}"
+
+
+def test_no_merge_conflict_markers_are_left_in_the_tree() -> None:
+    root = SRC.parent
+    files = [
+        *root.glob("*.md"),
+        *root.glob("*.toml"),
+        *root.glob("Makefile"),
+        *(
+            p
+            for d in ("src", "tests", "docs", "benchmarks", "examples", "configs")
+            for p in (root / d).rglob("*")
+            if p.suffix in {".py", ".md", ".yaml", ".toml", ".txt"}
+        ),
+    ]
+    markers = ("<" * 7 + " ", "=" * 7 + "\n", ">" * 7 + " ")
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(True), 1)
+        if line.startswith(markers) and (line != "=" * 7 + "\n" or path.suffix != ".md")
+    ]
+    assert not found, f"merge conflict markers: {found}"
