@@ -240,7 +240,7 @@ _RULE_LIST = [
         float32, so its dynamic range is identical and gradients do not underflow. A bfloat16
         run needs no scaler at all." A scaler there only adds inf/NaN checks, skipped steps and
         state to checkpoint.""",
-        """Use gpu_training.amp.MixedPrecisionStepper(optimizer, precision="bf16"), which
+        """Use gpu_training.amp.MixedPrecisionTrainer(optimizer, precision="bf16"), which
         disables the scaler (needs_grad_scaler("bf16") is False), or
         GradScaler(enabled=(dtype == torch.float16)).""",
         ("amp", "Two ideas people conflate"),
@@ -254,7 +254,7 @@ _RULE_LIST = [
         2^16), you are clipping against a threshold that is 65,536x too large - i.e. you are
         not clipping at all." The order is unscale_, then clip, then scaler.step.""",
         """scaler.unscale_(optimizer); clip_grad_norm_(params, max_norm); scaler.step(optimizer);
-        scaler.update() - or MixedPrecisionStepper(..., max_grad_norm=...), which does it.""",
+        scaler.update() - or MixedPrecisionTrainer(..., max_grad_norm=...), which does it.""",
         ("amp", "Why unscale-before-clip matters"),
     ),
     _rule(
