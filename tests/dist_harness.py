@@ -1,9 +1,16 @@
 """Run N gloo ranks, a torchrun job or one Python process from a test, with a hard timeout.
 
-Every multi-rank test goes through :func:`run_ranks`: each rank is a fresh Python process with
-the environment torchrun would give it, the ranks share one process group so a hang ends with
+Every multi-rank test goes through :func:`run_ranks`: each rank is a new process with the
+environment torchrun would give it, the ranks share one process group so a hang ends with
 one ``killpg``, and the verdict comes from the result files the ranks wrote, not their exit
 codes (DESIGN.md, "Traps": ~3% of healthy 2-rank gloo runs abort at interpreter exit).
+
+The ranks are forked from a *zygote*, a forkserver that imported torch and the package once
+per test session (importing them is most of a fresh rank's start-up), not started as fresh
+interpreters: each child sets its rank's environment, sends its output to its log, runs the
+function and ends as an interpreter would (threads joined, ``atexit`` handlers run). A test
+that needs a fresh interpreter per rank passes ``fresh=True``; ``GT_TEST_FRESH_RANKS=1``
+makes every call do so.
 
 Example:
     >>> def _worker(scale: float) -> float:  # module level in a test module
@@ -14,6 +21,10 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
@@ -21,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +40,16 @@ from pathlib import Path
 from subprocess import STDOUT, Popen
 from typing import Any
 
-__all__ = ["REPO_ROOT", "TESTS_DIR", "find_free_port", "run_python", "run_ranks", "run_script"]
+__all__ = [
+    "REPO_ROOT",
+    "TESTS_DIR",
+    "ZYGOTE_PRELOAD",
+    "find_free_port",
+    "run_python",
+    "run_ranks",
+    "run_script",
+    "zygote",
+]
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -37,6 +58,10 @@ _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
 _FAIL_FAST_GRACE_S = 3.0  # once one rank failed, the others get this long before being killed
 _ADDR_IN_USE = ("address already in use", "eaddrinuse")
 _EXIT_ABORT_TEXT = "terminate called without an active exception"
+_FRESH_ENV = "GT_TEST_FRESH_RANKS"
+_IMPORT_TIME_PREFIXES = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "GLOO_", "NCCL_")
+ZYGOTE_PRELOAD = ("torch", "torch.distributed", "gpu_training.trainer", "dist_harness")
+"""What the zygote imports once: torch, the package's modules a rank function uses."""
 
 
 def find_free_port() -> int:
@@ -210,16 +235,128 @@ def _group_kwargs(pgid: int) -> dict[str, Any]:
     return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover (Python 3.10)
 
 
-def _launch(payload: Path, nprocs: int, env: Mapping[str, str] | None) -> list[Popen[bytes]]:
+# --- the zygote: ranks forked from a process that imported torch once -----------------------
+
+_zygote_lock = threading.Lock()
+
+
+def zygote() -> multiprocessing.context.BaseContext:
+    """The forkserver context, started on first use with :data:`ZYGOTE_PRELOAD` imported.
+
+    Its processes are forks of one interpreter that imported torch and the package once; any
+    test that starts many short-lived processes running our code should take them from it.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    with _zygote_lock:
+        ctx.set_forkserver_preload(list(ZYGOTE_PRELOAD))
+        saved = dict(os.environ)
+        try:  # what torch reads at import time must be what every rank would see
+            os.environ.clear()
+            os.environ.update(_base_env(None))
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    return ctx
+
+
+def _end_like_an_interpreter(code: int) -> None:
+    """Join threads, run ``atexit`` handlers, flush, exit: a forked rank's interpreter exit."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, their atexit
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _forked_rank(payload: str, work: str, env: dict[str, str], pgid: int) -> None:
+    """A rank in a zygote child: its group, its log, its environment, then the worker."""
+    os.setpgid(0, pgid)  # 0: a group of its own (rank 0's, which the others join)
+    rank = env["RANK"]
+    fd = os.open(Path(work) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):  # unbuffered: a killed rank's prints are in its log
+        stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[attr-defined]
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [str(_WORKER), payload, work]
+    import _rank_worker
+
+    code = 1
+    try:
+        code = _rank_worker.main()
+    finally:
+        _end_like_an_interpreter(code)
+
+
+class _Forked:
+    """A zygote child with the part of ``Popen``'s interface the harness uses."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        self._process = process
+        self.pid = int(process.pid or 0)
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def wait(self) -> int | None:
+        self._process.join()
+        return self._process.exitcode
+
+
+def _join_group_of(pid: int, within: float = 10.0) -> None:
+    """Waits until ``pid`` leads its own process group (a forked rank 0 sets it up first)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if os.getpgid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return  # rank 0 is gone already: its verdict says why
+        time.sleep(0.002)
+
+
+def _launch(
+    payload: Path, nprocs: int, env: Mapping[str, str] | None, *, fresh: bool = False
+) -> list[Any]:
     """Starts the ranks in one process group led by rank 0, output to ``rank{R}.log``."""
     base = {**_base_env(None), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port())}
     base.update(WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0")
     base["PYTHONUNBUFFERED"] = "1"  # a killed rank's prints must already be in its log
+    # torch reads these when it is imported: a rank that sets one needs its own interpreter
+    fresh = fresh or any(k.startswith(_IMPORT_TIME_PREFIXES) for k in env or {})
+    fresh = fresh or os.environ.get(_FRESH_ENV) == "1" or not sys.platform.startswith("linux")
+    forks = None if fresh else zygote()
     cmd = [sys.executable, str(_WORKER), str(payload), str(payload.parent)]
-    procs: list[Popen[bytes]] = []
+    procs: list[Any] = []
     try:
         for rank in range(nprocs):
             rank_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **(env or {})}
+            if forks is not None:
+                pgid = procs[0].pid if procs else 0
+                child = forks.Process(
+                    target=_forked_rank,
+                    args=(str(payload), str(payload.parent), rank_env, pgid),
+                    name=f"rank{rank}",
+                )
+                child.start()
+                procs.append(_Forked(child))
+                if rank == 0 and nprocs > 1:
+                    _join_group_of(procs[0].pid)
+                continue
             # a new group, not a new session for rank 0: setpgid cannot cross sessions
             group = _group_kwargs(procs[0].pid if procs else 0)
             with open(payload.parent / f"rank{rank}.log", "wb") as log:
@@ -230,18 +367,18 @@ def _launch(payload: Path, nprocs: int, env: Mapping[str, str] | None) -> list[P
     return procs
 
 
-def _reap(procs: Sequence[Popen[bytes]]) -> None:
+def _reap(procs: Sequence[Any]) -> None:
     _kill_tree([p.pid for p in procs])
     for proc in procs:
         proc.wait()
 
 
 def _attempt(
-    payload: Path, nprocs: int, timeout: float, env: Mapping[str, str] | None
+    payload: Path, nprocs: int, timeout: float, env: Mapping[str, str] | None, fresh: bool
 ) -> tuple[list[Any] | None, str]:
     """One launch. Returns (results, "") or (None, failure report)."""
     work = payload.parent
-    procs = _launch(payload, nprocs, env)
+    procs = _launch(payload, nprocs, env, fresh=fresh)
     verdicts: dict[int, str | None] = {}
     try:
         deadline = time.monotonic() + timeout
@@ -284,8 +421,9 @@ def run_ranks(
     args: tuple[Any, ...] = (),
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> list[Any]:
-    """Runs ``fn(*args)`` in ``nprocs`` fresh processes with torchrun's environment.
+    """Runs ``fn(*args)`` in ``nprocs`` new processes with torchrun's environment.
 
     Args:
         fn: A module-level function of an importable module (a test module is fine). It calls
@@ -294,6 +432,8 @@ def run_ranks(
         args: Picklable positional arguments, the same for every rank.
         timeout: Seconds for the whole run; then every rank and its children are SIGKILLed.
         env: Extra variables for every rank, applied last (they may override the defaults).
+        fresh: Start each rank as a fresh interpreter instead of forking it from the zygote
+            (for what only a new interpreter shows, e.g. which modules an import pulls in).
 
     Returns:
         Each rank's unpickled return value, indexed by rank.
@@ -314,7 +454,7 @@ def run_ranks(
         with tempfile.TemporaryDirectory(prefix="run_ranks-") as tmp:
             payload = Path(tmp) / "payload.pkl"
             payload.write_bytes(data)
-            results, report = _attempt(payload, nprocs, timeout, env)
+            results, report = _attempt(payload, nprocs, timeout, env, fresh)
             if results is not None:
                 return results
             got_any = any(Path(tmp).glob("rank*.pkl"))

@@ -27,7 +27,7 @@ import pytest
 import torch
 from torch import nn
 
-from dist_harness import run_ranks
+from dist_harness import run_ranks, zygote
 from gpu_training.checkpoint import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -531,14 +531,11 @@ def _killable_writer(directory: str, conn: Any) -> None:
 def test_sigkill_at_random_moments_30_times(tmp_path: Path) -> None:
     """Promise 2, at the issue's count: 30 SIGKILLs at random moments of a save loop.
 
-    The writers come from a forkserver that imported torch once, so each attempt costs a
-    fraction of a second rather than a fresh interpreter's start-up (and no process forks
-    a parent whose thread pools are running).
+    The writers come from the harness's zygote, a forkserver that imported torch once, so
+    each attempt costs a fraction of a second rather than a fresh interpreter's start-up (and
+    no process forks a parent whose thread pools are running).
     """
-    import multiprocessing as mp
-
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "gpu_training.checkpoint", "test_checkpoint"])
+    ctx = zygote()
     rng = random.Random(4321)
     base = torch.randn(1_000_000, generator=torch.Generator().manual_seed(1))
     kills_mid_save = 0
