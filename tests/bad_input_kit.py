@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dist_harness import REPO_ROOT, run_python
+from train_jobs import train as train_job
 
 __all__ = [
     "DAMAGES",
@@ -107,11 +107,7 @@ def train_sources(root: Path) -> dict[str, Path]:
         out = root / fmt
         config = root / f"{fmt}.yaml"
         config.write_text(yaml.safe_dump(job_dict(fmt, out)))
-        args = ["-m", "gpu_training", "train", str(config), "--nproc", str(FORMATS[fmt]["nproc"])]
-        proc = run_python(args, timeout=240, cwd=REPO_ROOT)
-        assert proc.returncode == 0, (
-            f"training the {fmt} source failed:\n{proc.stdout}{proc.stderr}"
-        )
+        train_job(config, int(FORMATS[fmt]["nproc"]), timeout=240)
         found = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
         assert found == list(STEPS), found
         return out

@@ -1,7 +1,8 @@
 """Promise 1 without fine print: the same weights on any split of the global batch.
 
-Each case trains the same job with ``gpu-training train`` on 1, 2 and 4 CPU ranks (gloo) and
-compares the final weights tensor by tensor:
+Each case trains the same job with ``gpu-training train`` on 1, 2 and 4 CPU ranks (gloo; the
+ranks forked from the test harness's zygote: tests/train_jobs.py) and compares the final
+weights tensor by tensor:
 
 - dropout 0.1 on a bias-free model (a zero-gradient key bias amplifies rounding under AdamW:
   see docs/strategies.md), 1 x 4 / 2 x 2 / 4 x 1, within 1e-5 after 20 steps, and the
@@ -28,7 +29,8 @@ import pytest
 import torch
 import yaml
 
-from dist_harness import REPO_ROOT, run_python, run_ranks
+from dist_harness import run_ranks
+from train_jobs import train
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(400)]
 
@@ -77,12 +79,7 @@ def _train(tmp: Path, name: str, nproc: int, **changes: Any) -> Path:
     out = tmp / name
     job["run"]["output_dir"] = str(out)
     (tmp / f"{name}.yaml").write_text(yaml.safe_dump(job))
-    proc = run_python(
-        ["-m", "gpu_training", "train", str(tmp / f"{name}.yaml"), "--nproc", str(nproc)],
-        timeout=300,
-        cwd=REPO_ROOT,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    train(tmp / f"{name}.yaml", nproc)
     return out
 
 

@@ -22,6 +22,7 @@ from gpu_training.preflight import check_launch, check_writable
 from gpu_training.reporting import MetricsWriter, read_metrics
 from gpu_training.resume import ResumeError, check_resumable
 from gpu_training.trainer import Trainer
+from train_jobs import train
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -276,20 +277,9 @@ def test_a_new_rank_continues_the_loader_generator_of_rank_0_in_every_format(
     data["task_options"]["n_layer"] = 2  # FSDP wraps repeated blocks
     data["checkpoint"] = {"every": 2, "keep_last_n": 5}
     job.write_text(yaml.safe_dump(data))
-    env_cmd = [sys.executable, "-m", "gpu_training", "train", str(job)]
-    first = subprocess.run(
-        [*env_cmd, "--nproc", "1"], capture_output=True, text=True, timeout=200, cwd=tmp_path
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = subprocess.run(
-        [*env_cmd, "--nproc", "2", "--set", "training.max_steps=8", "--allow-config-change"],
-        capture_output=True,
-        text=True,
-        timeout=200,
-        cwd=tmp_path,
-    )
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout + second.stderr
+    train(job, 1)
+    second = train(job, 2, "--set", "training.max_steps=8", "--allow-config-change")
+    assert "resumed from" in second
     states = _loader_states(tmp_path / "out" / "checkpoints" / "step-00000008")
     assert len(states) == 2
     assert torch.equal(states[0], states[1]), "rank 1's loader generator did not continue rank 0's"

@@ -20,11 +20,11 @@ import pytest
 import torch
 import yaml
 
-from dist_harness import REPO_ROOT, run_python
 from gpu_training.config import ConfigError
 from gpu_training.job import JobConfig, TrackerSpec
 from gpu_training.reporting import MetricsWriter, read_metrics
 from gpu_training.trainer import Trainer
+from train_jobs import train as train_job
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -374,10 +374,8 @@ def test_two_rank_fsdp_job_has_one_mlflow_run_kept_in_the_sharded_checkpoint(
     config.write_text(yaml.safe_dump(job))
 
     def train() -> None:
-        args = ["-m", "gpu_training", "train", str(config), "--nproc", "2"]
-        proc = run_python(args, timeout=240, cwd=REPO_ROOT)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-        assert proc.stdout.count("trackers: mlflow (") == 1  # rank 0 announces, alone
+        stdout = train_job(config, 2, timeout=240)
+        assert stdout.count("trackers: mlflow (") == 1  # rank 0 announces, alone
 
     def kept(step: int) -> dict[str, str]:
         path = out / "checkpoints" / f"step-{step:08d}" / "extra.pt"

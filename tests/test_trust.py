@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from dist_harness import REPO_ROOT, run_python
+from dist_harness import REPO_ROOT
 from gpu_training.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -36,6 +36,7 @@ from gpu_training.checkpoint.collective import save_directory
 from gpu_training.checkpoint.files import file_checksum
 from gpu_training.checkpoint.safe_load import check_pickles, refused_message, weights_only_loads
 from gpu_training.ddp import DistributedContext
+from train_jobs import train
 
 
 class _Payload:
@@ -200,12 +201,7 @@ def zero2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("zero2")
     job = {**_TINY_JOB, "run": {**_TINY_JOB["run"], "output_dir": str(root / "run")}}
     (root / "job.yaml").write_text(yaml.safe_dump(job))
-    proc = run_python(
-        ["-m", "gpu_training", "train", str(root / "job.yaml"), "--nproc", "2"],
-        timeout=200,
-        cwd=REPO_ROOT,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    train(root / "job.yaml", 2, timeout=200)
     return root / "run" / "checkpoints" / "step-00000002"
 
 
