@@ -8,11 +8,12 @@ EXTRAS ?= dev,monitor,plot,tensorboard,trackers,hf
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-gpu lint format demo bench bench-env bench-gpu clean
+.PHONY: help install test test-quick test-gpu lint format demo bench bench-env bench-gpu clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
 	@echo "make test      run the whole test suite"
+	@echo "make test-quick the suite without the tests marked slow (the inner loop; CI runs all)"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
 	@echo "make bench     checkpoint, loops (vs Accelerate, Fabric), Trainer, memory, batch-finder, start-up, trackers"
@@ -37,6 +38,9 @@ install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
+
+test-quick: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 ifeq ($(GPU_PYTHON),)
 test-gpu: $(VENV)/.installed

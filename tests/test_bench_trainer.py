@@ -40,6 +40,7 @@ def test_step_clock_excludes_warmup_and_later_calls() -> None:
 
 @pytest.mark.multirank
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_quick_run_writes_every_row(tmp_path: Path) -> None:
     out = tmp_path / "trainer.json"
     proc = run_python([str(SCRIPT), "--quick", "--json", str(out)], timeout=120)

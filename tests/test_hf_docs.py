@@ -18,7 +18,7 @@ import torch
 
 from dist_harness import REPO_ROOT, run_python
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.timeout(400)]
 
 DOC = REPO_ROOT / "docs" / "huggingface.md"
 _CONSOLE = re.compile(r"^```console\n(.*?)^```", re.M | re.S)

@@ -32,7 +32,7 @@ import yaml
 from dist_harness import run_ranks
 from train_jobs import train
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.timeout(400)]
 
 TOL = 1e-5
 STEPS = 20

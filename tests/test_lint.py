@@ -305,6 +305,7 @@ def test_lint_of_one_script_reads_the_project_modules_it_imports(tmp_path: Path)
     assert "init_distributed_mode() (utils.py:44) creates it" in found.detail
 
 
+@pytest.mark.slow
 def test_never_crashes_on_valid_python() -> None:
     """The repository and a slice of the standard library: odd but valid Python everywhere."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])

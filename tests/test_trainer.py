@@ -66,6 +66,7 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
     return state["model_state"]
 
 
+@pytest.mark.slow
 def test_train_on_two_ranks_reports_from_rank0_and_writes_outputs(tmp_path: Path) -> None:
     config, out = _write_job(tmp_path)
     proc = _train(config, 2)
@@ -109,6 +110,7 @@ def _consolidated(step_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
     return load_file(out)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_spec("deepspeed") is None, reason="needs the deepspeed extra")
 def test_deepspeed_zero3_job_matches_ddp_and_resumes_exactly(tmp_path: Path) -> None:
     """ZeRO-3 through the Trainer: same weights as DDP, atomic checkpoints, exact resume."""
@@ -137,6 +139,7 @@ def test_deepspeed_zero3_job_matches_ddp_and_resumes_exactly(tmp_path: Path) -> 
     assert all(torch.equal(before[k], after[k]) for k in before), "resume is not exact"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp_config.yaml", "fsdp_config.yaml", "deepspeed_job.yaml"])
 def test_shipped_configs_run_with_train(tmp_path: Path, name: str) -> None:
     if name.startswith("deepspeed") and find_spec("deepspeed") is None:
@@ -157,6 +160,7 @@ def test_shipped_configs_run_with_train(tmp_path: Path, name: str) -> None:
     assert (tmp_path / "out" / "checkpoints" / "step-00000002" / "manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_killed_run_continues_from_last_checkpoint(tmp_path: Path) -> None:
     config, out = _write_job(tmp_path, training__max_steps=40, checkpoint__every=4)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}

@@ -216,6 +216,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @needs_deepspeed
 def test_deepspeed_payload_is_refused_and_trust_is_explicit(

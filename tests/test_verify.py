@@ -379,6 +379,7 @@ def test_cli_end_to_end() -> None:
     assert lines[-1] == "6 of 7 checks passed; failed: accumulation"
 
 
+@pytest.mark.slow
 @pytest.mark.multirank
 def test_the_readme_command_passes_on_the_builtin_task() -> None:
     """The default charlm has 2 gradient buckets after DDP's rebuild, 1 before it."""
