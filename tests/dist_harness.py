@@ -238,6 +238,7 @@ def _group_kwargs(pgid: int) -> dict[str, Any]:
 # --- the zygote: ranks forked from a process that imported torch once -----------------------
 
 _zygote_lock = threading.Lock()
+_zygote_started = False
 
 
 def zygote() -> multiprocessing.context.BaseContext:
@@ -246,14 +247,18 @@ def zygote() -> multiprocessing.context.BaseContext:
     Its processes are forks of one interpreter that imported torch and the package once; any
     test that starts many short-lived processes running our code should take them from it.
     """
+    global _zygote_started
     ctx = multiprocessing.get_context("forkserver")
     with _zygote_lock:
+        if _zygote_started:  # os.environ is swapped once, not under every later caller
+            return ctx
         ctx.set_forkserver_preload(list(ZYGOTE_PRELOAD))
         saved = dict(os.environ)
         try:  # what torch reads at import time must be what every rank would see
             os.environ.clear()
             os.environ.update(_base_env(None))
             multiprocessing.forkserver.ensure_running()
+            _zygote_started = True
         finally:
             os.environ.clear()
             os.environ.update(saved)

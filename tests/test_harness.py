@@ -52,6 +52,26 @@ def _survivors(pids: list[int], within: float = 5.0) -> list[int]:
 # --- rank functions (run inside the harness's workers) -------------------------------------
 
 
+def _parent_pid() -> int:
+    return os.getppid()
+
+
+def _exit_work(marker_dir: str) -> int:
+    """Leaves a non-daemon thread and an atexit handler: both must finish as the rank ends."""
+    import atexit
+    import threading
+
+    marker = Path(marker_dir) / f"rank{_rank()}"
+
+    def late() -> None:
+        time.sleep(0.3)
+        marker.with_suffix(".thread").write_text("joined")
+
+    threading.Thread(target=late).start()
+    atexit.register(lambda: marker.with_suffix(".atexit").write_text("ran"))
+    return _rank()
+
+
 def _allreduce_rank(scale: float) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -144,6 +164,37 @@ def test_run_ranks_returns_each_ranks_value_from_a_real_allreduce() -> None:
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("how", "forked"),
+    [
+        ({}, True),
+        ({"fresh": True}, False),
+        ({"env": {"TORCH_SHOW_CPP_STACKTRACES": "0"}}, False),  # read when torch is imported
+    ],
+    ids=["zygote", "fresh", "import-time-variable"],
+)
+def test_ranks_come_from_the_zygote_unless_they_need_a_fresh_interpreter(
+    how: dict[str, Any], forked: bool
+) -> None:
+    parents = run_ranks(_parent_pid, 2, **how)
+    if forked:  # the forkserver's children, not this process's
+        assert os.getpid() not in parents and len(set(parents)) == 1, parents
+    else:
+        assert parents == [os.getpid(), os.getpid()]
+
+
+def test_fresh_ranks_env_variable_makes_every_call_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GT_TEST_FRESH_RANKS", "1")
+    assert run_ranks(_parent_pid, 1) == [os.getpid()]
+
+
+def test_a_forked_rank_joins_its_threads_and_runs_atexit_as_it_ends(tmp_path: Path) -> None:
+    assert run_ranks(_exit_work, 2, args=(str(tmp_path),)) == [0, 1]
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.thread").read_text() == "joined"
+        assert (tmp_path / f"rank{rank}.atexit").read_text() == "ran"
+
+
 def test_run_ranks_names_the_rank_that_raised_and_stops_the_others_early() -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError) as info:

@@ -1,12 +1,13 @@
 """``gpu-training train JOB --nproc N`` for tests whose subject is the run's math, not its launch.
 
 ``train --nproc N`` starts the command line (its checks import torch), torchrun's agent and N
-fresh workers: N + 2 interpreters importing torch (~4 s each on a 2-core VM) for every run.
+fresh workers: N + 2 interpreters importing torch (about 3.6 s of CPU each on the 2-core dev VM) for every run.
 Tests about the weights a run ends with (the same on any split, exact resume) need only
 the workers: :func:`train` runs the very command a torchrun worker runs (``gpu-training train
 JOB`` under torchrun's environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_*``) on N
-ranks forked from the harness's zygote (:func:`dist_harness.run_ranks`). One rank is the
-command line itself, in-process as ``train --nproc 1`` runs it, in a fresh interpreter.
+ranks forked from the harness's zygote (:func:`dist_harness.run_ranks`). With one rank there
+is no launcher to skip: it runs ``gpu-training train JOB`` in a fresh interpreter, as a user
+would.
 
 What the launcher adds — the checks before any process starts, torchrun's report, signals,
 the exit codes — is tested through the real command line (tests/test_trainer.py,
