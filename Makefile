@@ -36,11 +36,27 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# Two passes. First the tests without a limit in seconds, on $(TEST_WORKERS) pytest-xdist workers:
+# whole files each (a module's shared runs happen once), the slow files first. Then the tests
+# marked `serial` (the fault matrix, the watchdog, signals, restarts) with the machine to
+# themselves, as their limits assume. Both passes always run; the target fails if either does
+# (exit code 5, nothing selected, is not a failure).
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+define two_passes
+	rc=0; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "$(1)not serial" --durations=$(2) $(PYTEST_ARGS) \
+		|| { code=$$?; [ $$code -eq 5 ] || rc=$$code; }; \
+	$(PYTEST) -m "$(1)serial" --durations=$(2) $(PYTEST_ARGS) \
+		|| { code=$$?; [ $$code -eq 5 ] || rc=$$code; }; \
+	exit $$rc
+endef
+
 test: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
+	$(call two_passes,,20)
 
 test-quick: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" --durations=10 $(PYTEST_ARGS)
+	$(call two_passes,not slow and ,10)
 
 ifeq ($(GPU_PYTHON),)
 test-gpu: $(VENV)/.installed

@@ -383,6 +383,7 @@ def _async_worker(directory: str) -> dict[str, Any]:
 
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_two_ranks_async_save_and_error_reaches_every_rank(tmp_path: Path) -> None:
     r0, r1 = run_ranks(_async_worker, 2, args=(str(tmp_path),), timeout=90)
     assert r0["path"] == r0["waited"] == str(tmp_path / "step-00000001")

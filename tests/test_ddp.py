@@ -343,6 +343,7 @@ finally:
 
 
 @pytest.mark.multirank
+@pytest.mark.serial
 def test_failed_rank_whose_group_cannot_be_destroyed_exits_anyway(tmp_path: Path) -> None:
     """gloo's destroy waits for this rank's unfinished all_reduce: the deadline ends it."""
     script = tmp_path / "blocked.py"

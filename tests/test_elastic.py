@@ -32,6 +32,7 @@ from gpu_training.preemption import EXIT_PREEMPTED
 pytestmark = [
     pytest.mark.multirank,
     pytest.mark.slow,
+    pytest.mark.serial,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
 ]
 

@@ -17,6 +17,8 @@ from gpu_training.failure import (
     write_error_record,
 )
 
+pytestmark = pytest.mark.serial  # limits in seconds: make test runs these alone
+
 _GLOO_PEER_GONE = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
     "by peer [127.0.0.1]:2720. This is typically caused by a remote worker crashing."

@@ -48,7 +48,7 @@ import yaml
 
 from dist_harness import REPO_ROOT, TESTS_DIR, run_python
 
-pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(600)]
 
 SCRIPTS = TESTS_DIR / "scripts"
 KINDS = ("raise", "kill", "stall", "mismatch")

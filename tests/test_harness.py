@@ -195,6 +195,7 @@ def test_a_forked_rank_joins_its_threads_and_runs_atexit_as_it_ends(tmp_path: Pa
         assert (tmp_path / f"rank{rank}.atexit").read_text() == "ran"
 
 
+@pytest.mark.serial
 def test_run_ranks_names_the_rank_that_raised_and_stops_the_others_early() -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError) as info:
@@ -209,6 +210,7 @@ def test_run_ranks_names_the_rank_that_raised_and_stops_the_others_early() -> No
 
 
 @pytest.mark.multirank
+@pytest.mark.serial
 def test_run_ranks_timeout_kills_every_rank_and_their_children(tmp_path: Path) -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError) as info:
@@ -406,3 +408,11 @@ def test_conftest_restores_env_fails_leaked_process_groups_and_skips_gpu_tests(
     [skip] = outcomes["test_needs_many_gpus"]
     assert skip.startswith("skipped: needs 1024 CUDA GPU(s), found "), report
     assert outcomes["test_needs_cuda"] in ([], ["skipped: needs 1 CUDA GPU(s), found 0"])
+
+
+def test_files_with_slow_tests_are_collected_first(request: pytest.FixtureRequest) -> None:
+    """make test's xdist workers take whole files in collection order: long ones start early."""
+    items = request.session.items
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    kinds = [path in slow for path in dict.fromkeys(item.path for item in items)]
+    assert kinds == sorted(kinds, reverse=True), "a file without slow tests comes before one with"

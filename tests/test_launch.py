@@ -26,6 +26,8 @@ from gpu_training.launcher import (
 )
 from gpu_training.launcher.supervise import _job_exit_code
 
+pytestmark = pytest.mark.serial  # limits in seconds: make test runs these alone
+
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "elastic_train.py"
 CONFIG = REPO_ROOT / "configs" / "ddp_config.yaml"
 

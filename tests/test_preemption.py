@@ -30,6 +30,8 @@ from gpu_training.checkpoint import CheckpointManager
 from gpu_training.ddp import DistributedContext
 from gpu_training.preemption import DEFAULT_SIGNALS, EXIT_PREEMPTED, PreemptionHandler
 
+pytestmark = pytest.mark.serial  # limits in seconds: make test runs these alone
+
 SCRIPT = TESTS_DIR / "scripts" / "preempt_train.py"
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
 

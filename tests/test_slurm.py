@@ -25,7 +25,10 @@ from gpu_training.ddp import DistributedContext
 from gpu_training.launcher import SIGNALS_TO_HANDLE
 from gpu_training.launcher.slurm import sbatch_script
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
+pytestmark = [
+    pytest.mark.serial,
+    pytest.mark.skipif(sys.platform == "win32", reason="bash scripts"),
+]
 
 JOB_ID = 1234
 HOSTS = ("node01", "node02")

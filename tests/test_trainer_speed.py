@@ -172,6 +172,7 @@ Trainer(job, task=dataclasses.replace(task, loss_fn=slow_loss), quiet=True).fit(
 """
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("where", ["field", "env"])
 def test_stall_timeout_ends_a_stuck_run_naming_the_step(tmp_path: Path, where: str) -> None:

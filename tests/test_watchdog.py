@@ -27,6 +27,8 @@ from gpu_training.watchdog import (
     entry_point,
 )
 
+pytestmark = pytest.mark.serial  # limits in seconds: make test runs these alone
+
 STALL_TIMEOUT = 2.0
 
 
