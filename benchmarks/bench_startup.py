@@ -6,9 +6,15 @@ Each command runs in a fresh interpreter, interleaved (a round runs every comman
 rotated order), after one untimed warm-up round that fills the page cache; figures are
 medians.
 
+``--jobs`` adds a whole 2-rank job of 2 tiny steps (start, rendezvous, steps, checkpoint,
+exit), started two ways: ``gpu-training train --nproc 2``, which runs torchrun's agent in its
+own process, and ``gpu-training launch --nproc 2`` with the same job file, which starts a
+torchrun child as before (the same checks first, the same ``train`` in each rank): the
+baseline, measured in the same run.
+
 Usage::
 
-    python benchmarks/bench_startup.py [--runs 15] [--json PATH]
+    python benchmarks/bench_startup.py [--runs 15] [--jobs] [--json PATH]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -35,6 +42,36 @@ COMMANDS: dict[str, list[str]] = {
 }
 
 
+JOBS: dict[str, list[str]] = {
+    "train --nproc 2 (a job)": ["train", "{job}", "--nproc", "2"],
+    "launch --nproc 2 (a job)": ["launch", "--nproc", "2", "{job}"],
+}
+"""A 2-step job started two ways: the agent in ``train``'s process, or a torchrun child."""
+
+
+def _job_file(root: Path) -> Path:
+    """A tiny built-in job (fp32, 2 steps, one checkpoint, no plot or trackers) under ``root``."""
+    text = f"""task: charlm
+task_options: {{block_size: 32, n_layer: 1, n_head: 2, n_embd: 32}}
+training: {{global_batch_size: 8, per_device_batch_size: 4, max_steps: 2, warmup_steps: 1,
+  precision: fp32}}
+strategy: {{name: ddp}}
+checkpoint: {{every: 2}}
+run: {{output_dir: {root / "out"}, log_every: 1, eval_every: 2, eval_batches: 1,
+  progress: false, plot: false, tensorboard: false, trackers: [jsonl]}}
+"""
+    path = root / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def job_command(name: str, root: Path) -> list[str]:
+    """The argv of job ``name`` with a fresh output directory (a used one would resume)."""
+    run_dir = Path(tempfile.mkdtemp(dir=root))
+    job = str(_job_file(run_dir))
+    return [sys.executable, "-m", "gpu_training", *(a.format(job=job) for a in JOBS[name])]
+
+
 def time_once(argv: list[str], env: dict[str, str]) -> float:
     """Wall seconds from spawn to exit; raises if the command fails."""
     started = time.perf_counter()
@@ -45,29 +82,38 @@ def time_once(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def measure(runs: int) -> dict[str, list[float]]:
+def measure(runs: int, jobs: bool = False) -> dict[str, list[float]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    names = list(COMMANDS)
-    for name in names:  # warm-up: page cache, .pyc files
-        time_once(COMMANDS[name], env)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(runs):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            samples[name].append(time_once(COMMANDS[name], env))
+    env.setdefault("OMP_NUM_THREADS", "1")  # per rank, as the tests run them
+    names = list(COMMANDS) + (list(JOBS) if jobs else [])
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+
+        def argv(name: str) -> list[str]:
+            return COMMANDS[name] if name in COMMANDS else job_command(name, Path(tmp))
+
+        for name in names:  # warm-up: page cache, .pyc files
+            time_once(argv(name), env)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for i in range(runs):
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples[name].append(time_once(argv(name), env))
     return samples
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="interleaved rounds (>= 3)")
+    parser.add_argument(
+        "--jobs", action="store_true", help="also a 2-rank job: train --nproc 2 vs launch"
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/startup.json")
     args = parser.parse_args(argv)
     if args.runs < 3:
         parser.error("--runs must be >= 3")
     load_before = os.getloadavg()
-    samples = measure(args.runs)
+    samples = measure(args.runs, jobs=args.jobs)
     load_after = os.getloadavg()
     medians = {name: statistics.median(values) for name, values in samples.items()}
     torch_s = medians["import torch"]
@@ -80,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:<26}{medians[name]:>10.3f}{min(values):>9.3f}{medians[name] / torch_s:>16.2f}x"
         )
+    if args.jobs:
+        here, child = (medians[name] for name in JOBS)
+        print(f"a 2-rank job: train --nproc 2 / launch --nproc 2 = {here / child:.3f}")
     help_s = medians["gpu-training --help"]
     verdict = "met" if help_s < GOAL_HELP_S else "MISSED"
     print(f"goal gpu-training --help < {GOAL_HELP_S} s: {verdict} ({help_s:.3f} s)")

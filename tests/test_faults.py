@@ -346,7 +346,7 @@ class SignalCase:
     """``train --nproc 2`` signalled mid-run: which process gets which signal."""
 
     target: str
-    """``launcher`` (the ``gpu-training train`` process), ``torchrun`` or ``rank1``."""
+    """``launcher`` (the ``gpu-training train`` process, where torchrun's agent runs) or ``rank1``."""
     sig: signal.Signals
 
     @property
@@ -357,7 +357,9 @@ class SignalCase:
 SIGNAL_CASES = [
     SignalCase("launcher", sig)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
-] + [SignalCase("torchrun", signal.SIGTERM), SignalCase("rank1", signal.SIGUSR1)]
+] + [SignalCase("rank1", signal.SIGUSR1)]
+KILLED_LAUNCHER = SignalCase("launcher", signal.SIGKILL)
+"""The agent's process killed: its workers must see it and stop (they save, as after SIGTERM)."""
 
 
 def _clean_env(extra: dict[str, str]) -> dict[str, str]:
@@ -375,8 +377,6 @@ def _target_pid(case: SignalCase, launcher: int, marker: str) -> int | None:
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if case.target == "torchrun" and b"gpu_training.launcher.torchrun" in cmdline:
-                return pid
             if case.target == "rank1" and b"RANK=1" in environ and b"train" in cmdline:
                 return pid
     return None
@@ -440,6 +440,8 @@ def signalled(
         and hasattr(item, "callspec")
         and isinstance(item.callspec.params.get("case"), SignalCase)
     ]
+    if any(item.name == "test_killed_launcher_leaves_no_worker" for item in request.session.items):
+        wanted.append(KILLED_LAUNCHER)
     root = tmp_path_factory.mktemp("signals")
     pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="signal-case")
     futures = {c.name: pool.submit(_run_signalled, c, root / c.name) for c in dict.fromkeys(wanted)}
@@ -474,6 +476,30 @@ def test_signal_saves_and_ends_with_one_line_and_143(
         return
     assert result.returncode == 143, text[-4000:]
     assert result.since_fault() <= ENDED_WITHIN_S, f"{result.since_fault():.1f}s after the signal"
+    assert not result.orphans and not result.tmp_left, (result.orphans, result.tmp_left)
+
+
+def test_killed_launcher_leaves_no_worker(signalled: dict[str, Future[Outcome]]) -> None:
+    """``train --nproc 2`` SIGKILLed (the OOM killer): no torchrun is left to stop the workers.
+
+    torchrun's agent runs in the ``train`` process, so each worker watches it
+    (``launcher.supervise.stop_with_agent``): it sends itself SIGTERM once it is gone, saves
+    the step both ranks stop at, and exits; no process outlives the job.
+    """
+    from gpu_training.checkpoint import CheckpointManager
+    from gpu_training.ddp import DistributedContext
+
+    result = signalled[KILLED_LAUNCHER.name].result(timeout=CELL_TIMEOUT_S * (len(signalled) + 2))
+    _note(KILLED_LAUNCHER.name, result)
+    text = result.output
+    assert result.returncode == -signal.SIGKILL, text[-4000:]
+    stops = re.findall(r"^preempted by (.+): saved step (\d+)$", text, re.M)
+    assert len(stops) == 1 and stops[0][0] == "SIGTERM", text[-4000:]
+    latest = CheckpointManager(result.out_dir / "checkpoints", ctx=DistributedContext()).latest(
+        verify_checksums=True
+    )
+    assert latest is not None and latest.name == f"step-{int(stops[0][1]):08d}"
+    assert result.since_fault() <= ENDED_WITHIN_S, f"{result.since_fault():.1f}s after the kill"
     assert not result.orphans and not result.tmp_left, (result.orphans, result.tmp_left)
 
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -357,12 +358,12 @@ def test_this_interpreters_torchrun_runs_quietly_and_logs_in_a_directory_of_ours
     assert supervise._quiet(module) == [*launcher.QUIET_TORCHRUN, "--standalone", "t.py"]
     assert supervise._quiet(["torchrun", "t.py"]) == ["torchrun", "t.py"]  # a user's choice
     env: dict[str, str] = {}
-    made = supervise._own_log_dir(["torchrun", "t.py"], env)
+    made = supervise.own_log_dir(["torchrun", "t.py"], env)
     assert made is not None and env["PET_LOG_DIR"] == made and os.path.isdir(made)
     os.rmdir(made)
-    assert supervise._own_log_dir(["torchrun", "--log-dir=/x", "t.py"], {}) is None
-    assert supervise._own_log_dir(["torchrun", "--log_dir", "/x", "t.py"], {}) is None
-    assert supervise._own_log_dir(["torchrun", "t.py"], {"PET_LOG_DIR": "/x"}) is None
+    assert supervise.own_log_dir(["torchrun", "--log-dir=/x", "t.py"], {}) is None
+    assert supervise.own_log_dir(["torchrun", "--log_dir", "/x", "t.py"], {}) is None
+    assert supervise.own_log_dir(["torchrun", "t.py"], {"PET_LOG_DIR": "/x"}) is None
 
 
 _WORKER_EXITS = """
@@ -400,3 +401,102 @@ def test_run_torchrun_ends_with_one_code_and_torchruns_report_last(
     else:
         assert "FAILED" not in err, err[-3000:]
     assert list((tmp_path / "tmp").iterdir()) == []  # no torchelastic_*, our log dir removed
+
+
+_HERE = """
+import sys
+from gpu_training.launcher import launch_argv, launch_env
+from gpu_training.launcher.torchrun import run_here
+sys.exit(run_here(launch_argv(sys.argv[1], 2, sys.argv[2:], program=()), launch_env(nproc_per_node=2)))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("code", "who", "expected"), [(143, "all", 143), (3, "1", 1)])
+def test_run_here_ends_as_run_torchrun_does(
+    tmp_path: Path, code: int, who: str, expected: int
+) -> None:
+    """torchrun's agent in this process (train --nproc): the same codes, report and clean /tmp."""
+    pytest.importorskip("torch")
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER_EXITS)
+    (tmp_path / "tmp").mkdir()
+    env = {"TMPDIR": str(tmp_path / "tmp")}
+    proc = run_python(["-c", _HERE, str(script), str(code), who], timeout=90, env=env)
+    err = proc.stderr
+    assert proc.returncode == expected, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    if expected == 1:
+        tail = err.rstrip().splitlines()
+        assert tail[-1].startswith("====") and "Root Cause" in err and "exitcode  : 3" in err
+    assert list((tmp_path / "tmp").iterdir()) == []  # the log dir removed, the janitor's too
+
+
+_AGENT = """
+import os, subprocess, sys, time
+from gpu_training.launcher.supervise import Janitor
+janitor = Janitor(sys.argv[1], shutdown_timeout=float(sys.argv[2]))
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[3]], start_new_session=True)
+time.sleep(0.6)  # the janitor looks every 0.2 s
+print(janitor.pid, worker.pid, flush=True)
+if sys.argv[4] == "close":
+    janitor.close()
+    worker.kill()
+    print("closed", flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.serial
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker", ["stops", "ignores-sigterm"])
+def test_janitor_stops_the_workers_of_a_killed_agent_and_removes_its_log_dir(
+    tmp_path: Path, worker: str
+) -> None:
+    """The agent SIGKILLed: its worker (own session) gets SIGTERM, SIGKILL after the timeout."""
+    log_dir = tmp_path / "torchrun-logs"
+    (log_dir / "attempt_0").mkdir(parents=True)
+    code = "import time; time.sleep(60)"
+    if worker == "ignores-sigterm":
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    cmd = [sys.executable, "-c", _AGENT, str(log_dir), "1.5", code, "kill"]
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=_src_env())
+    assert agent.stdout is not None
+    janitor, pid = (int(x) for x in agent.stdout.readline().split())
+    agent.kill()
+    agent.wait()
+    killed = time.monotonic()
+    while (_alive(pid) or _alive(janitor)) and time.monotonic() - killed < 20:
+        time.sleep(0.05)
+    took = time.monotonic() - killed
+    assert not _alive(pid) and not _alive(janitor), f"still there after {took:.1f} s"
+    # SIGTERM at once; a worker that ignores it is SIGKILLed after the 1.5 s given
+    assert took < 1.0 if worker == "stops" else 1.5 <= took < 5.0, took
+    assert not log_dir.exists()
+
+
+def test_janitor_closed_on_a_normal_end_stops_nothing(tmp_path: Path) -> None:
+    log_dir = tmp_path / "torchrun-logs"
+    log_dir.mkdir()
+    cmd = [sys.executable, "-c", _AGENT, str(log_dir), "1", "import time; time.sleep(60)", "close"]
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=_src_env())
+    assert agent.stdout is not None
+    try:
+        janitor, _ = (int(x) for x in agent.stdout.readline().split())
+        assert agent.stdout.readline().strip() == "closed"
+        assert not _alive(janitor)  # close() waited for it
+        assert log_dir.is_dir()  # removing it is the agent's own job on a normal end
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def _src_env() -> dict[str, str]:
+    paths = [str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}

@@ -1,7 +1,8 @@
 """``gpu-training train``: check everything that needs no process, start torchrun, run the Trainer.
 
 On the launching host :mod:`gpu_training.preflight` checks the job first; with ``--nproc N``
-outside torchrun, torchrun is started (:func:`gpu_training.launcher.run_torchrun`); inside a
+outside torchrun, torchrun's agent runs in this process
+(:func:`gpu_training.launcher.torchrun.run_here`); inside a
 rank the Trainer runs under :func:`~gpu_training.watchdog.entry_point`, bad input
 found there is one line and exit 2, and a failed rank ends at once.
 """
@@ -150,14 +151,17 @@ def _validate_job(job: Any, args: argparse.Namespace) -> None:
 def _launch_workers(args: argparse.Namespace) -> int:
     import os
 
-    from gpu_training.launcher import QUIET_TORCHRUN, launch_argv, launch_env, run_torchrun
+    from gpu_training.launcher import launch_argv, launch_env
+    from gpu_training.launcher.torchrun import run_here
 
     train_args = ["train", args.config]
     for text in args.overrides:
         train_args += ["--set", text]
-    argv = launch_argv("gpu_training", args.nproc, train_args, module=True, program=QUIET_TORCHRUN)
-    # forwards the stop signals to the workers (they save; exit 143), reaps orphans, no /tmp litter
-    return run_torchrun(argv, launch_env(os.environ, nproc_per_node=args.nproc))
+    argv = launch_argv("gpu_training", args.nproc, train_args, module=True, program=())
+    # torchrun's agent runs here: torch is imported already (the checks above need it), and a
+    # torchrun child would be one more interpreter and torch import. Signals reach the workers
+    # (they save; exit 143); if this process is killed, a janitor stops them.
+    return run_here(argv, launch_env(os.environ, nproc_per_node=args.nproc))
 
 
 def _run_train(args: argparse.Namespace) -> int:

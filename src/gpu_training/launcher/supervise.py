@@ -12,9 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -22,10 +24,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from types import FrameType
 
-__all__ = ["EXIT_STOPPED", "FORWARDED_SIGNALS", "QUIET_TORCHRUN", "run_torchrun"]
+__all__ = [
+    "EXIT_STOPPED",
+    "FORWARDED_SIGNALS",
+    "QUIET_TORCHRUN",
+    "Janitor",
+    "own_log_dir",
+    "run_torchrun",
+]
 
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGTERM,
@@ -152,7 +161,7 @@ def _quiet(argv: Sequence[str]) -> list[str]:
     return command
 
 
-def _own_log_dir(argv: Sequence[str], env: dict[str, str]) -> str | None:
+def own_log_dir(argv: Sequence[str], env: MutableMapping[str, str]) -> str | None:
     """Give torchrun a log directory of ours (None when the caller chose one).
 
     Without ``--log-dir`` torchrun keeps its workers' error files in a fresh
@@ -239,7 +248,7 @@ def run_torchrun(
     tracked: dict[int, str] = {}
     command = _quiet(argv)
     child_env = dict(os.environ if env is None else env)
-    log_dir = _own_log_dir(command, child_env)
+    log_dir = own_log_dir(command, child_env)
     try:
         proc = subprocess.Popen(
             command,
@@ -272,3 +281,102 @@ def run_torchrun(
         if log_dir is not None:
             shutil.rmtree(log_dir, ignore_errors=True)
     return _job_exit_code(returncode, forwarded)
+
+
+class Janitor:
+    """What :func:`run_torchrun` does for a torchrun child, for torchrun's agent in this process.
+
+    ``gpu-training train --nproc N`` runs the agent in its own process (it has imported torch
+    for its checks: a torchrun child would be one more interpreter and torch import). If that
+    process is killed (``SIGKILL``, the OOM killer), nobody is left to stop the workers, each
+    in a session of its own, or to remove torchrun's log directory. A janitor is a small
+    torch-free child (:func:`janitor_main`) that watches this process through a pipe and
+    notes its descendants (every 0.2 s for a minute, then every 2 s). When the pipe closes
+    without a word (this process died), it sends the workers still alive ``SIGTERM`` (they
+    save and stop) and, ``shutdown_timeout`` seconds later, ``SIGKILL``, as
+    :func:`run_torchrun` does when torchrun dies; then it removes ``log_dir``. :meth:`close`
+    ends it on a normal end.
+
+    Example:
+        >>> with Janitor(log_dir=None) as janitor:
+        ...     janitor.pid > 0
+        True
+    """
+
+    _DONE = b"x"
+    """Written by :meth:`close`: the job ended here (a closed pipe alone: this process died)."""
+
+    def __init__(self, log_dir: str | None, *, shutdown_timeout: float = 30.0) -> None:
+        """Start the janitor for this process.
+
+        Args:
+            log_dir: A directory to remove after this process died (None: none).
+            shutdown_timeout: Seconds leftover workers get between ``SIGTERM`` and ``SIGKILL``.
+        """
+        read_end, self._write_end = os.pipe()
+        args = [str(os.getpid()), str(read_end), str(shutdown_timeout), log_dir or ""]
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _JANITOR, *args],
+                pass_fds=(read_end,),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C at the terminal is for the agent
+            )
+        finally:
+            os.close(read_end)
+
+    @property
+    def pid(self) -> int:
+        """The janitor's process id."""
+        return self._proc.pid
+
+    def close(self) -> None:
+        """End the janitor: the job ended here, nothing for it to stop or remove."""
+        if self._write_end >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._write_end, self._DONE)
+            os.close(self._write_end)
+            self._write_end = -1
+        try:
+            self._proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def __enter__(self) -> Janitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_JANITOR = (
+    "import sys; from gpu_training.launcher.supervise import janitor_main as m; m(sys.argv[1:])"
+)
+
+
+def janitor_main(argv: Sequence[str]) -> int:
+    """The janitor's loop (:class:`Janitor`): ``AGENT_PID READ_FD TIMEOUT LOG_DIR``.
+
+    Returns 0 once the agent has written that the job ended, or after it died and the
+    leftovers were stopped and its log directory (an empty ``LOG_DIR``: none) removed.
+    """
+    agent, fd, timeout, log_dir = int(argv[0]), int(argv[1]), float(argv[2]), argv[3]
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):  # the agent's, not ours
+        signal.signal(sig, signal.SIG_IGN)
+    tracked: dict[int, str] = {}
+    started = time.monotonic()
+    while True:
+        # the workers start in the first seconds (train has no restarts): look often then only
+        ready, _, _ = select.select([fd], [], [], 0.2 if time.monotonic() - started < 60 else 2.0)
+        if ready:
+            if os.read(fd, 1) == Janitor._DONE:
+                return 0  # a normal end: the agent has stopped its workers itself
+            break  # the pipe closed without a word: the agent died
+        found = _descendants(agent, _proc_table())
+        found.pop(os.getpid(), None)
+        tracked.update(found)
+    _stop_leftovers(tracked, timeout)
+    if log_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 0

@@ -17,6 +17,10 @@ restarts); :func:`~gpu_training.launcher.run_torchrun` starts it in place of
   traceback) as the last block of the output, exit code 1, without the traceback of
   torchrun's internals above it.
 
+:func:`run_here` runs the same agent inside the calling process instead (``gpu-training
+train --nproc N``, which has imported torch for its checks already): one interpreter and one
+torch import less per job, and the same endings.
+
 torch is imported when this runs, not when :mod:`gpu_training.launcher` is.
 """
 
@@ -27,11 +31,19 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
+from types import FrameType
 
-from gpu_training.launcher.supervise import EXIT_STOPPED, OWNED_LOG_DIR_ENV
+from gpu_training.launcher.supervise import (
+    EXIT_STOPPED,
+    FORWARDED_SIGNALS,
+    OWNED_LOG_DIR_ENV,
+    Janitor,
+    own_log_dir,
+)
 
-__all__ = ["EXIT_USAGE", "QUIET_ENV", "main"]
+__all__ = ["EXIT_USAGE", "QUIET_ENV", "main", "run_here"]
 
 EXIT_USAGE = 2
 """A worker's exit code for bad input it found (``gpu_training.cli``'s usage code)."""
@@ -127,6 +139,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         if owned and owned == os.environ.get("PET_LOG_DIR"):
             shutil.rmtree(owned, ignore_errors=True)  # the launcher may have been SIGKILLed
     return 0
+
+
+def run_here(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run torchrun's agent in this process, with ``env``, and return the job's exit code.
+
+    What :func:`~gpu_training.launcher.run_torchrun` adds around a torchrun child, for the
+    agent in this process:
+
+    * **Signals.** The agent itself handles :data:`FORWARDED_SIGNALS` (given
+      ``--signals-to-handle``): it passes them on to every worker and the job ends with 143.
+      One that comes before its handlers are in place (during the rendezvous) ends the job
+      the same way; no worker has started yet.
+    * **No orphans, nothing left in /tmp.** If this process is killed, a
+      :class:`~gpu_training.launcher.supervise.Janitor` sends the workers ``SIGTERM``
+      (``SIGKILL`` 30 s later) and removes torchrun's log directory.
+    * The exit codes of :func:`main`.
+
+    ``os.environ`` becomes ``env`` plus torchrun's own variables (the workers inherit it):
+    call this as the last thing a process does, from its main thread.
+
+    Args:
+        argv: torchrun's command line, without the program (flags, then the target).
+        env: The environment for the agent and its workers (see
+            :func:`~gpu_training.launcher.launch_env`).
+
+    Returns:
+        The job's exit code, as :func:`main`'s.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))
+
+    os.environ.update(env)
+    log_dir = own_log_dir(argv, os.environ)
+    previous: dict[signal.Signals, object] = {}
+    try:
+        if threading.current_thread() is threading.main_thread():
+            previous = {sig: signal.signal(sig, stop) for sig in FORWARDED_SIGNALS}
+        with Janitor(log_dir):
+            return main(argv)
+    except SignalException:  # before torchrun's own handling (which returns 143 too)
+        return EXIT_STOPPED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
