@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "monitor",
             "throughput",
             "tasks",
+            "meta_device",
         ),
     ),
     (

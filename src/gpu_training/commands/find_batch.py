@@ -223,15 +223,15 @@ def _search_report(result: BatchSearchResult) -> dict[str, Any]:
 def _find_by_estimate(
     args: argparse.Namespace, job: JobConfig, task: Any, make_batch: Callable[[int], Any]
 ) -> int:
-    import torch
 
     from gpu_training.batch_finder import BatchSizeError, search_max_batch_size
     from gpu_training.cli import UsageError
     from gpu_training.memory import MemoryBudgetError, format_bytes, profile_memory
+    from gpu_training.meta_device import meta_device
 
     spec = job.strategy
     share = _per_rank_share(job, args.gpus)
-    with torch.device("meta"):
+    with meta_device():
         model = task.build_model()
     precision = job.training.precision if job.training.precision != "auto" else "bf16"
     try:

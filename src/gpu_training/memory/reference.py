@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_training.memory.budget import TransformerShape
+from gpu_training.meta_device import meta_device
 
 __all__ = ["lm_loss", "reference_transformer"]
 
@@ -99,7 +100,7 @@ def reference_transformer(shape: TransformerShape, num_layers: int | None = None
         >>> sum(p.numel() for p in model.parameters()) == shape.num_params()
         True
     """
-    with torch.device("meta"):
+    with meta_device():
         return _RefTransformer(shape, shape.num_layers if num_layers is None else num_layers)
 
 

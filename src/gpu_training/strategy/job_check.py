@@ -19,9 +19,8 @@ Example:
 
 from __future__ import annotations
 
-import torch
-
 from gpu_training.job import JobConfig
+from gpu_training.meta_device import meta_device
 from gpu_training.strategy.spec import StrategyError
 from gpu_training.strategy.wrap import find_blocks
 from gpu_training.tasks import Task, build_task
@@ -42,7 +41,7 @@ def check_job(job: JobConfig, task: Task | None = None) -> Task:
         _check_deepspeed_job(job)
     task = task if task is not None else build_task(job)
     if job.strategy.block_classes:
-        with torch.device("meta"):  # only the module structure is needed
+        with meta_device():  # only the module structure is needed
             model = task.build_model()
         find_blocks(model, job.strategy.block_classes)
     return task

@@ -53,11 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from gpu_training.config import ConfigError
+from gpu_training.meta_device import meta_device
 from gpu_training.tasks.losses import (
     IGNORE_INDEX,
     count_scored,
@@ -406,7 +406,7 @@ def charlm_task(config: charlm.CharLMConfig | None = None) -> Task:
             )
         vocab = cfg.vocab_size  # padded rows are never targets: only the shape changes
     baseline = charlm.unigram_baseline(data)
-    with torch.device("meta"):  # the shape only: no memory, no initialisation
+    with meta_device():  # the shape only: no memory, no initialisation
         shape = charlm.CharTransformer(cfg, vocab)
     params = shape.num_parameters()
     describe = (

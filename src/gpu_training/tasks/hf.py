@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from gpu_training.config import ConfigError
+from gpu_training.meta_device import meta_device
 
 __all__ = [
     "DTYPES",
@@ -492,7 +493,7 @@ def hf_task(options: Mapping[str, Any] | HFTaskOptions) -> Any:
     block = opts.block_size or min(context, 1024)
     if block > context:
         raise _error("block_size", f"{block} exceeds the model's context ({context} positions)")
-    with torch.device("meta"):
+    with meta_device():
         shape: Any = _build_model(opts, config)
     total, trainable = _count_params(shape)
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
