@@ -376,33 +376,6 @@ from gpu_training.launcher import launch_argv, launch_env, run_torchrun
 argv = launch_argv(sys.argv[1], 2, sys.argv[2:], program=(sys.executable, "-m", "torch.distributed.run"))
 sys.exit(run_torchrun(argv, launch_env(nproc_per_node=2)))
 """
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    ("code", "who", "expected"), [(143, "all", 143), (3, "1", 1), (0, "all", 0)]
-)
-def test_run_torchrun_ends_with_one_code_and_torchruns_report_last(
-    tmp_path: Path, code: int, who: str, expected: int
-) -> None:
-    """Every worker stopped on request (143): 143, no report; a worker failed: the report."""
-    pytest.importorskip("torch")
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER_EXITS)
-    (tmp_path / "tmp").mkdir()
-    env = {"TMPDIR": str(tmp_path / "tmp")}
-    proc = run_python(["-c", _SUPERVISED, str(script), str(code), who], timeout=90, env=env)
-    err = proc.stderr
-    assert proc.returncode == expected, err[-3000:]
-    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
-    if expected == 1:
-        tail = err.rstrip().splitlines()
-        assert tail[-1].startswith("====") and "Root Cause" in err and "exitcode  : 3" in err
-    else:
-        assert "FAILED" not in err, err[-3000:]
-    assert list((tmp_path / "tmp").iterdir()) == []  # no torchelastic_*, our log dir removed
-
-
 _HERE = """
 import sys
 from gpu_training.launcher import launch_argv, launch_env
@@ -412,24 +385,34 @@ sys.exit(run_here(launch_argv(sys.argv[1], 2, sys.argv[2:], program=()), launch_
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("code", "who", "expected"), [(143, "all", 143), (3, "1", 1)])
-def test_run_here_ends_as_run_torchrun_does(
-    tmp_path: Path, code: int, who: str, expected: int
+@pytest.mark.parametrize(
+    ("code", "who", "expected"), [(143, "all", 143), (3, "1", 1), (0, "all", 0)]
+)
+@pytest.mark.parametrize("agent", ["child", "here"])
+def test_run_torchrun_ends_with_one_code_and_torchruns_report_last(
+    tmp_path: Path, agent: str, code: int, who: str, expected: int
 ) -> None:
-    """torchrun's agent in this process (train --nproc): the same codes, report and clean /tmp."""
+    """Every worker stopped on request (143): 143, no report; a worker failed: the report.
+
+    ``child``: :func:`run_torchrun` (``launch``); ``here``: torchrun's agent in the calling
+    process (``train --nproc``, :func:`~gpu_training.launcher.torchrun.run_here`).
+    """
     pytest.importorskip("torch")
     script = tmp_path / "worker.py"
     script.write_text(_WORKER_EXITS)
     (tmp_path / "tmp").mkdir()
     env = {"TMPDIR": str(tmp_path / "tmp")}
-    proc = run_python(["-c", _HERE, str(script), str(code), who], timeout=90, env=env)
+    runner = _SUPERVISED if agent == "child" else _HERE
+    proc = run_python(["-c", runner, str(script), str(code), who], timeout=90, env=env)
     err = proc.stderr
     assert proc.returncode == expected, err[-3000:]
     assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
     if expected == 1:
         tail = err.rstrip().splitlines()
         assert tail[-1].startswith("====") and "Root Cause" in err and "exitcode  : 3" in err
-    assert list((tmp_path / "tmp").iterdir()) == []  # the log dir removed, the janitor's too
+    else:
+        assert "FAILED" not in err, err[-3000:]
+    assert list((tmp_path / "tmp").iterdir()) == []  # no torchelastic_*, our log dir removed
 
 
 _AGENT = """
