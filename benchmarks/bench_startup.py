@@ -85,7 +85,6 @@ def time_once(argv: list[str], env: dict[str, str]) -> float:
 def measure(runs: int, jobs: bool = False) -> dict[str, list[float]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    env.setdefault("OMP_NUM_THREADS", "1")  # per rank, as the tests run them
     names = list(COMMANDS) + (list(JOBS) if jobs else [])
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
 

@@ -223,7 +223,6 @@ def _search_report(result: BatchSearchResult) -> dict[str, Any]:
 def _find_by_estimate(
     args: argparse.Namespace, job: JobConfig, task: Any, make_batch: Callable[[int], Any]
 ) -> int:
-
     from gpu_training.batch_finder import BatchSizeError, search_max_batch_size
     from gpu_training.cli import UsageError
     from gpu_training.memory import MemoryBudgetError, format_bytes, profile_memory
