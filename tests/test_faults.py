@@ -482,9 +482,10 @@ def test_signal_saves_and_ends_with_one_line_and_143(
 def test_killed_launcher_leaves_no_worker(signalled: dict[str, Future[Outcome]]) -> None:
     """``train --nproc 2`` SIGKILLed (the OOM killer): no torchrun is left to stop the workers.
 
-    torchrun's agent runs in the ``train`` process, so each worker watches it
-    (``launcher.supervise.stop_with_agent``): it sends itself SIGTERM once it is gone, saves
-    the step both ranks stop at, and exits; no process outlives the job.
+    torchrun's agent runs in the ``train`` process, so its janitor
+    (``launcher.supervise.Janitor``, a child watching it through a pipe) sends the workers
+    SIGTERM once it is gone: they save the step both ranks stop at, and exit; no process
+    outlives the job.
     """
     from gpu_training.checkpoint import CheckpointManager
     from gpu_training.ddp import DistributedContext

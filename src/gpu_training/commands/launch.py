@@ -285,7 +285,7 @@ def _local(args: argparse.Namespace, target: str, script_args: list[str], *, mod
         argv = launch_argv(target, nproc, script_args, program=program, **options)
     except ValueError as err:
         raise _usage(_flag_names(str(err))) from None
-    env = launch_env(os.environ, nproc_per_node=nproc)
+    env = launch_env(os.environ, nproc_per_node=nproc, restarts=bool(args.max_restarts))
     added = {k: v for k, v in env.items() if os.environ.get(k) != v}
     if args.print_only:
         lines = [f"export {k}={shlex.quote(v)}" for k, v in added.items()]

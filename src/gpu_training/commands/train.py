@@ -160,8 +160,9 @@ def _launch_workers(args: argparse.Namespace) -> int:
     argv = launch_argv("gpu_training", args.nproc, train_args, module=True, program=())
     # torchrun's agent runs here: torch is imported already (the checks above need it), and a
     # torchrun child would be one more interpreter and torch import. Signals reach the workers
-    # (they save; exit 143); if this process is killed, a janitor stops them.
-    return run_here(argv, launch_env(os.environ, nproc_per_node=args.nproc))
+    # (they save; exit 143); if this process is killed, a janitor stops them. No restarts: the
+    # workers use the agent's store (no second port to race for, launch_env).
+    return run_here(argv, launch_env(os.environ, nproc_per_node=args.nproc, restarts=False))
 
 
 def _run_train(args: argparse.Namespace) -> int:

@@ -524,15 +524,22 @@ def _cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-def launch_env(base: Mapping[str, str] | None = None, *, nproc_per_node: int = 1) -> dict[str, str]:
+def launch_env(
+    base: Mapping[str, str] | None = None, *, nproc_per_node: int = 1, restarts: bool = True
+) -> dict[str, str]:
     """The environment to start ``torchrun`` with.
 
     Adds, unless ``base`` already sets them:
 
-    * ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` — by default the agent reuses the rendezvous
-      TCP store across restart attempts, and a ``--max_restarts`` recovery after a worker was
-      killed often failed (gloo "Connection refused" or a hang; pytorch issues 135712,
-      167288); with it set, it recovered reliably (benchmarks/README.md, "Traps").
+    * ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, when the job may restart (``restarts``) —
+      by default the agent reuses the rendezvous TCP store across restart attempts, and a
+      ``--max_restarts`` recovery after a worker was killed often failed (gloo "Connection
+      refused" or a hang; pytorch issues 135712, 167288); with it set, it recovered reliably
+      (benchmarks/README.md, "Traps"). A job that never restarts goes without it: its workers
+      then use the agent's store, on a port the agent already listens on. With it, rank 0
+      opens a second store on a port the agent found free a moment before, and any process
+      that takes that port first (an outgoing connection is given one from the same range)
+      fails the job with ``EADDRINUSE`` (benchmarks/README.md, "Traps").
     * ``OMP_NUM_THREADS = max(1, cpus // nproc_per_node)`` — when it is unset and
       ``nproc_per_node > 1`` torchrun forces it to 1 (and prints a warning banner), which
       starves CPU-side work such as data loading and gloo; an even share of the CPUs is
@@ -541,6 +548,7 @@ def launch_env(base: Mapping[str, str] | None = None, *, nproc_per_node: int = 1
     Args:
         base: The environment to start from; ``None`` copies ``os.environ``. Not modified.
         nproc_per_node: Worker processes per node, to share the CPUs between.
+        restarts: Whether torchrun may restart the workers (``--max_restarts`` > 0).
 
     Returns:
         A new dict: ``base`` plus the variables above.
@@ -552,10 +560,12 @@ def launch_env(base: Mapping[str, str] | None = None, *, nproc_per_node: int = 1
         >>> env = launch_env({"PATH": "/usr/bin", "OMP_NUM_THREADS": "4"}, nproc_per_node=2)
         >>> env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"], env["OMP_NUM_THREADS"]
         ('1', '4')
+        >>> "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in launch_env({}, restarts=False)
+        False
     """
     _check_positive_int("nproc_per_node", nproc_per_node)
     env = dict(os.environ if base is None else base)
-    for key, value in RESTART_ENV.items():
+    for key, value in RESTART_ENV.items() if restarts else ():
         env.setdefault(key, value)
     env.setdefault("OMP_NUM_THREADS", str(max(1, _cpu_count() // nproc_per_node)))
     return env

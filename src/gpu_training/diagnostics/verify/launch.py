@@ -216,7 +216,7 @@ def run_verify(
             json.dumps(asdict(spec)),
             str(result),
         ]
-        env = launch_env(os.environ, nproc_per_node=nproc)
+        env = launch_env(os.environ, nproc_per_node=nproc, restarts=False)
         try:
             proc = subprocess.run(argv, env=env, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
