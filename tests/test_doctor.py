@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import tempfile
 import threading
 from pathlib import Path
 
@@ -245,11 +246,16 @@ def test_bad_input_one_line(
 
 
 @pytest.mark.multirank
-def test_multi_node_probe_two_agents_on_loopback() -> None:
+def test_multi_node_probe_two_agents_on_loopback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two probes, as ``doctor --nnodes 2`` runs them on two nodes, rendezvous on 127.0.0.1.
 
     Each call starts its own torchrun agent (one node each); threads stand in for the nodes.
+    Nothing is left in the temp directory (torchrun's own log directory is ``torchelastic_*``).
     """
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     endpoint = f"127.0.0.1:{find_free_port()}"
     results: dict[int, list[DoctorCheck]] = {}
 
@@ -268,6 +274,7 @@ def test_multi_node_probe_two_agents_on_loopback() -> None:
         assert by_name["nodes"].value.startswith("2 ranks joined from 1 host(s)")
         assert by_name["versions"].value.startswith("identical on every rank: python")
         assert "result correct" in by_name["all_reduce"].value
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_probe_reports_a_node_that_never_joins() -> None:

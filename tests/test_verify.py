@@ -352,7 +352,8 @@ def test_the_default_losses_take_a_model_output_with_logits() -> None:
 
 
 @pytest.mark.multirank
-def test_cli_end_to_end() -> None:
+def test_cli_end_to_end(tmp_path: Path) -> None:
+    (tmp_path / "tmp").mkdir()
     proc = run_python(
         [
             "-m",
@@ -370,8 +371,12 @@ def test_cli_end_to_end() -> None:
             "test_verify:naive_accumulate",
         ],
         timeout=120,
+        env={"TMPDIR": str(tmp_path / "tmp")},
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    # nothing left but torch's compile cache: torchrun's log directory went with verify's own
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor")]
+    assert left == [], left
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("verify: task test_verify:plain_model: 2 rank(s) (gloo)")
     assert sum(line.startswith("PASS") for line in lines) == 6, proc.stdout

@@ -70,6 +70,7 @@ def probe_nodes(
             "torch.distributed.run",
             f"--nnodes={nnodes}",
             f"--nproc_per_node={nproc}",
+            f"--log-dir={Path(tmp) / 'torchrun'}",  # else torchrun leaves /tmp/torchelastic_*
             "--rdzv_backend=c10d",
             f"--rdzv_endpoint={rdzv_endpoint}",
             f"--rdzv_id={job}",

@@ -211,6 +211,7 @@ def run_verify(
             "torch.distributed.run",
             "--standalone",
             f"--nproc_per_node={nproc}",
+            f"--log-dir={Path(tmp) / 'torchrun'}",  # else torchrun leaves /tmp/torchelastic_*
             "-m",
             "gpu_training.diagnostics.verify.launch",
             json.dumps(asdict(spec)),
