@@ -359,7 +359,7 @@ SIGNAL_CASES = [
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 ] + [SignalCase("rank1", signal.SIGUSR1)]
 KILLED_LAUNCHER = SignalCase("launcher", signal.SIGKILL)
-"""The agent's process killed: its workers must see it and stop (they save, as after SIGTERM)."""
+"""The agent's process killed: its janitor must stop the workers (they save, as after SIGTERM)."""
 
 
 def _clean_env(extra: dict[str, str]) -> dict[str, str]:
