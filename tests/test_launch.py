@@ -4,7 +4,6 @@ torchrun. The real torchrun runs are in tests/test_elastic.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_harness import REPO_ROOT, TESTS_DIR, run_python
+from dist_harness import REPO_ROOT, run_python
 from gpu_training.cli import main
 from gpu_training.launcher import (
     FORWARDED_SIGNALS,
@@ -131,31 +130,6 @@ def test_print_without_restarts_leaves_the_workers_on_the_agents_store(
         assert main(["launch", "--print", "--nproc", "2", *restarts, str(SCRIPT)]) == 0
         lines = capsys.readouterr().out.splitlines()
         assert not any("TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in line for line in lines), lines
-
-
-def test_train_workers_connect_to_the_agents_store(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``train --nproc 2`` never restarts, so its workers use the agent's store, listening
-    already: rank 0 opens no store of its own on a port another process may take first
-    (``EADDRINUSE``; ``launch_env(restarts=False)``)."""
-    job = {
-        "task": {"model": "env_task:build_model", "data": "env_task:build_data"},
-        "training": {"global_batch_size": 8, "per_device_batch_size": 4, "max_steps": 1},
-        "run": {"output_dir": str(tmp_path / "out"), "plot": False, "progress": False},
-    }
-    (tmp_path / "job.yaml").write_text(json.dumps(job))
-    scripts = os.pathsep.join(str(p) for p in (REPO_ROOT / "src", TESTS_DIR, TESTS_DIR / "scripts"))
-    env = {"PYTHONPATH": scripts, "ENV_RECORD": str(tmp_path)}
-    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
-    argv = ["-m", "gpu_training", "train", str(tmp_path / "job.yaml"), "--nproc", "2"]
-    proc = run_python(argv, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert records[0] == records[1], records
-    assert records[0]["TORCHELASTIC_USE_AGENT_STORE"] == "True", records
-    assert records[0]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] is None, records
-    assert records[0]["TORCHELASTIC_MAX_RESTARTS"] == "0", records
 
 
 def test_print_multi_node_same_line_and_id_on_every_node(

@@ -5,7 +5,7 @@ A job file names it with import strings (``tests/scripts`` on ``PYTHONPATH``)::
     task: {model: "env_task:build_model", data: "env_task:build_data"}
 
 On a rank that torchrun started (``LOCAL_RANK`` set), :func:`build_model` writes the launcher's
-variables it found to ``$ENV_RECORD/rank{RANK}.json`` (tests/test_launch.py reads them).
+variables it found to ``$ENV_RECORD/rank{RANK}.json`` (tests/test_launcher.py reads them).
 """
 
 from __future__ import annotations
