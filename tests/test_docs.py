@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,16 @@ def test_doc_python_blocks_run_in_order(doc: Path, tmp_path: Path) -> None:
     script.write_text(
         "\n".join(f"# --- block {i}\n{block}" for i, block in enumerate(blocks)), encoding="utf-8"
     )
-    proc = run_python([str(script)], timeout=150, cwd=tmp_path)
+    (tmp_path / "tmp").mkdir()  # the examples' tempfile.mkdtemp() directories: pytest's to prune
+    proc = run_python(
+        [str(script)], timeout=150, cwd=tmp_path, env={"TMPDIR": str(tmp_path / "tmp")}
+    )
     assert proc.returncode == 0, f"{doc.name}:\n{(proc.stdout + proc.stderr)[-4000:]}"
 
 
 @pytest.mark.parametrize("name", DOCTEST_MODULES)
-def test_module_doctests(name: str) -> None:
+def test_module_doctests(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the examples' mkdtemp() go here
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
     assert result.failed == 0, f"{result.failed} doctest(s) failed in {name}"
