@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,6 +56,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if needed > found:
             reason = f"needs {needed} CUDA GPU(s), found {found}"
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_dir_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Puts every temporary file of the run, the tests' and their processes', in pytest's
+    base temp directory, which keeps the last three runs and prunes older ones.
+
+    Bare torchrun's ``torchelastic_*`` log directories, and those of process trees a test
+    kills on purpose, would otherwise pile up in ``/tmp`` (about 25 per ``make test``).
+    """
+    tmp = tmp_path_factory.getbasetemp() / "tmp"
+    tmp.mkdir(exist_ok=True)
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)  # the processes the tests start inherit it
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    yield
+    if saved is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved
+    tempfile.tempdir = None
 
 
 @pytest.fixture(autouse=True)
