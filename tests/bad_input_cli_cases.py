@@ -62,6 +62,7 @@ training-list                | {training: [1, 2]}                         | trai
 task-int                     | {task: 5}                                  | task; name or a mapping
 task-model-without-data      | {task: {model: "pkg.mod:build"}}           | task.data
 task-model-not-import-string | {task: {model: pkg.mod, data: "pkg.m:d"}}  | task.model; package.module:function
+task-options-in-task         | {task: {name: charlm, options: {n_layer: 1}}} | task.options; task_options
 """)
 
 

@@ -462,6 +462,12 @@ class JobConfig:
         if isinstance(task_raw, str):
             task = TaskSpec(name=task_raw, options=options)
         elif isinstance(task_raw, Mapping):
+            if "options" in task_raw:  # TaskSpec's field, filled from task_options only
+                raise ConfigError(
+                    "unknown field 'task.options': a task's options are the section "
+                    "'task_options' (task_options: {n_layer: 2})",
+                    "task.options",
+                )
             task = _section(TaskSpec, "task", {**task_raw, "options": options})
         else:
             raise ConfigError(f"section 'task': expected a name or a mapping, got {task_raw!r}")
