@@ -3,9 +3,9 @@
 ``with torch.device("meta"): model = build()`` runs the model's initialisation on tensors
 that have no data. Most of it is free, but a few in-place ops (``normal_``, ``erfinv_``,
 ``clamp_``, ``exponential_``) have no meta kernel of their own: torch runs their Python
-reference, which imports ``torch._dynamo`` and sympy the first time (about 800 modules; 0.7 s
-on an idle 2-core machine, 1.5 s under load), in every process that checks a job before it
-starts (``train``, ``launch``, ``plan``, ``find-batch``). On ``meta`` these ops change no
+reference, which imports ``torch._dynamo`` and sympy the first time (the cost is in
+benchmarks/README.md, ``bench_startup.py --jobs``), in every process that checks a job before
+it starts (``train``, ``launch``, ``plan``, ``find-batch``). On ``meta`` these ops change no
 shape, dtype or stride, so :func:`meta_device` skips them: the module built is the same.
 
 Example:
