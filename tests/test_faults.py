@@ -273,13 +273,15 @@ def _assert_checkpoints_intact(out_dir: Path) -> None:
 def _assert_named(cell: Cell, result: Outcome) -> None:
     text, rank = result.output, FAULT_RANK
     if cell.kind == "mismatch":
+        # Within one line: the watchdog's one-line note of a raised rank stops at 300
+        # characters, which can cut torch's message after "but Rank 0 is running "; a pattern
+        # free to cross lines then paired its first rank with the next message's second.
         detail = re.search(
-            r"Rank (\d) is running collective: CollectiveFingerPrint\(.*?OpType=(\w+).*?"
-            r"but Rank (\d) is running collective: CollectiveFingerPrint\(.*?OpType=(\w+)",
+            r"Rank (\d) is running collective: CollectiveFingerPrint\([^\n]*?OpType=(\w+)"
+            r"[^\n]*?but Rank (\d) is running",
             text,
-            re.S,
         )
-        if detail:  # both ranks and both operations (the planted one, or one after it)
+        if detail:  # both ranks, and the operation of the first (the planted one, or after it)
             assert {detail[1], detail[3]} == {"0", "1"}, detail[0]
             assert result.since_fault() <= MISMATCH_NAMED_WITHIN_S + 1.0  # then the teardown
             return

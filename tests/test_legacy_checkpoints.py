@@ -40,10 +40,19 @@ def _fixture(strategy: str, tmp_path: Path) -> tuple[dict, Path, dict[str, dict]
     return job, root, expected
 
 
+_ROUNDING = 2e-6
+"""How far another CPU's rounding may move the resumed step 4 from the fixture's: 7e-8 seen on an
+AVX-512 EPYC, where a resume that loses the optimizer's moments lands 5.7e-3 away."""
+
+
 def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         assert torch.equal(got[key], value), key
+
+
+def _equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
+    return sorted(got) == sorted(want) and all(torch.equal(got[k], v) for k, v in want.items())
 
 
 @pytest.mark.parametrize("strategy", sorted(FORMATS))
@@ -87,5 +96,17 @@ def test_a_plain_checkpoint_from_before_resumes_to_the_same_weights_bit_for_bit(
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     trained = [row["step"] for row in rows if row["split"] == "train"]
     assert trained == [3, 4], trained
-    state = CheckpointManager(root, ctx=DistributedContext()).load(4)
-    _assert_same(state["model_state"], expected["model_step4"])
+    resumed = CheckpointManager(root, ctx=DistributedContext()).load(4)["model_state"]
+    if _equal(resumed, expected["model_step4"]):
+        return
+    # Bit for bit holds only on a CPU whose kernels round as the one that wrote the fixture did
+    # (an AVX-512 EPYC does not round as it). There, today's uninterrupted run does not reach
+    # the fixture's step 2 either, and the resumed weights are the fixture's to float rounding.
+    job["run"]["output_dir"] = str(tmp_path / "fresh")
+    job["training"]["max_steps"] = 2
+    Trainer(JobConfig.from_dict(job), quiet=True).fit()
+    fresh_root = tmp_path / "fresh" / "checkpoints"
+    fresh = CheckpointManager(fresh_root, ctx=DistributedContext()).load(2)["model_state"]
+    assert not _equal(fresh, expected["model_step2"]), "this CPU rounds as the fixture's did"
+    for key, value in expected["model_step4"].items():
+        torch.testing.assert_close(resumed[key], value, rtol=0, atol=_ROUNDING, msg=key)
