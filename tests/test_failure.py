@@ -13,6 +13,7 @@ from dist_harness import run_python
 from gpu_training.failure import (
     exception_in_flight,
     is_peer_failure,
+    one_line,
     record_failure,
     write_error_record,
 )
@@ -101,6 +102,38 @@ def test_peer_failure_is_found_in_the_chain() -> None:
             raise ValueError("step failed") from err
     except ValueError as exc:
         assert is_peer_failure(exc, rank=0)
+
+
+# torch 2.13's words when rank 1 broadcasts while rank 0 reduces (TORCH_DISTRIBUTED_DEBUG=DETAIL,
+# gloo), inside our checkpoint error: the fault matrix's mismatch-zero2-save cell printed it.
+_MISMATCH = (
+    "Detected mismatch between collectives on ranks. Rank 1 is running collective: "
+    "CollectiveFingerPrint(SequenceNumber=15, OpType=BROADCAST, TensorShape=[3], "
+    "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu, "
+    "layout=Strided (default), requires_grad=false (default), pinned_memory=false (default), "
+    "memory_format=(nullopt))), but Rank 0 is running collective: "
+    "CollectiveFingerPrint(SequenceNumber=0OpType=REDUCE).Collectives differ in the following "
+    "aspects: \t Sequence number: 15vs 0  Op type: BROADCASTvs REDUCE  Tensor Tensor shapes: "
+    "3vs   Tensor Tensor dtypes: Floatvs   Tensor Tensor devices: TensorOptions(dtype=float "
+    "(default), device=cpu, layout=Strided (default), requires_grad=false (default), "
+    "pinned_memory=false (default), memory_format=(nullopt))vs "
+)
+
+
+def test_one_line_keeps_both_ranks_of_a_collective_mismatch() -> None:
+    from gpu_training.checkpoint import CheckpointError
+
+    path = "/scratch/runs/a-run-with-a-long-name/checkpoints"
+    exc = CheckpointError(f"could not save step 2 to {path}: rank 1: RuntimeError: {_MISMATCH}")
+    assert len(str(exc)) > 800
+    for limit in (500, 300):  # the failed rank's line; the stall report's note
+        line = one_line(exc if limit == 500 else RuntimeError(_MISMATCH), limit=limit)
+        assert len(line) <= limit and "\n" not in line and "\t" not in line
+        assert "OpType=BROADCAST, TensorShape=[3], TensorDtypes=Float)" in line, line
+        assert "but Rank 0 is running collective: CollectiveFingerPrint(" in line, line
+        assert "OpType=REDUCE" in line, line
+        assert line.endswith("..."), line
+    assert one_line(ValueError("short")) == "ValueError: short"
 
 
 def test_record_post_dates_a_victim_and_keeps_the_first_date(

@@ -18,6 +18,8 @@ paths apart and end the failing one fast:
   failed within the same second;
 * :func:`let_culprit_be_seen` — a victim stays alive a moment, so that torchrun sees the
   culprit exit first (and stops the victim itself);
+* :func:`one_line` — an exception as the one line a failed rank prints before its traceback,
+  with torch's collective fingerprints shortened so that both ranks of a mismatch fit;
 * :func:`exit_if_stuck` — a deadline for teardown: past it, the exception is reported and the
   process ends with ``os._exit(1)``. Destroying a gloo group waits for this rank's unfinished
   collectives, which a peer blocked elsewhere never completes (it waited until that peer
@@ -61,6 +63,7 @@ __all__ = [
     "exit_now",
     "is_peer_failure",
     "let_culprit_be_seen",
+    "one_line",
     "record_failure",
     "report_and_exit",
     "write_error_record",
@@ -83,6 +86,9 @@ _PEER_FAILURE = re.compile(
     re.IGNORECASE,
 )
 _RANK_NAMED = re.compile(r"\brank (\d+)\b", re.IGNORECASE)  # "rank 1: ...", "Rank 0 is running"
+# The device options torch's debug wrapper prints in each collective fingerprint (one level
+# of nested parentheses: "dtype=float (default)"); its TensorDtypes already names the dtype.
+_FINGERPRINT_OPTIONS = re.compile(r",? ?TensorDeviceTypes=TensorOptions\((?:[^()]|\([^()]*\))*\)")
 _recorded: dict[int, int] = {}
 _waited: set[int] = set()  # id(exception) -> the timestamp its record was written with
 
@@ -110,6 +116,31 @@ def exception_in_flight() -> BaseException | None:
     if isinstance(exc, SystemExit) and exc.code in (0, None):
         return None
     return exc
+
+
+def one_line(exc: BaseException, limit: int = 500) -> str:
+    """``Type: message`` on one line of at most ``limit`` characters.
+
+    Whitespace runs become one space. torch's collective fingerprints
+    (``TORCH_DISTRIBUTED_DEBUG=DETAIL``'s "Detected mismatch between collectives") lose their
+    ``TensorDeviceTypes=TensorOptions(...)`` part, about 170 characters each that would push
+    the second rank's operation past the limit. A longer text ends in "...".
+
+    Args:
+        exc: The exception.
+        limit: The most characters returned.
+
+    Returns:
+        The line.
+
+    Example:
+        >>> one_line(RuntimeError("bad\\n  value"))
+        'RuntimeError: bad value'
+        >>> one_line(ValueError("x" * 50), limit=20)
+        'ValueError: xxxx...'
+    """
+    text = _FINGERPRINT_OPTIONS.sub("", " ".join(f"{type(exc).__name__}: {exc}".split()))
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def is_peer_failure(exc: BaseException, rank: int | None = None) -> bool:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from gpu_training.failure import write_error_record
+from gpu_training.failure import one_line, write_error_record
 
 __all__ = ["StallReport"]
 
@@ -151,7 +151,7 @@ def raised_state(exc: BaseException, skip_file: str = "") -> dict[str, Any]:
     if chosen:
         code, line = chosen[-1]
         where = f"{code.co_filename}:{line} in {code.co_name}"
-    error = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    error = one_line(exc, limit=300)
     return {"state": "raised", "op": error, "where": where}
 
 

@@ -50,6 +50,7 @@ from gpu_training.failure import (
     exception_in_flight,
     exit_now,
     is_peer_failure,
+    one_line,
     record_failure,
 )
 from gpu_training.stall_report import (
@@ -265,7 +266,7 @@ def entry_point(fn: _F) -> _F:
             record_failure(exc)
             rank = os.environ.get("RANK")
             if rank is not None:
-                what = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+                what = one_line(exc)
                 if is_peer_failure(exc):
                     line = f"gpu-training: rank {rank} stopped: another rank failed first ({what})"
                 else:
