@@ -94,6 +94,25 @@ def test_load_job_with_overrides(tmp_path: Path) -> None:
         load_job(path, ["training=3", "training.max_steps=2"])
 
 
+def test_a_bare_strategy_name_is_the_short_spelling_of_its_mapping(tmp_path: Path) -> None:
+    """``strategy: fsdp`` as strategy/spec.py documents it (and people write it): the same job
+    and config hash as ``{name: fsdp}``; --set adds options to it; a typo is still one line."""
+    head = "training:\n  global_batch_size: 32\n  per_device_batch_size: 8\n"
+    short, long = tmp_path / "short.yaml", tmp_path / "long.yaml"
+    short.write_text(head + "strategy: fsdp\n")
+    long.write_text(head + "strategy:\n  name: fsdp\n")
+    assert load_job(short) == load_job(long)
+    assert load_job(short).config_hash() == load_job(long).config_hash()
+    job = load_job(short, ["strategy.activation_checkpointing=true"])
+    assert (job.strategy.name, job.strategy.activation_checkpointing) == ("fsdp", True)
+    assert JobConfig.from_dict({"strategy": "ddp"}).strategy.name == "ddp"
+    short.write_text(head + "strategy: fdsp\n")
+    with pytest.raises(ConfigError, match=r"short.yaml: unknown strategy 'fdsp' \(did you mean"):
+        load_job(short)
+    with pytest.raises(ConfigError, match="section 'strategy': expected a mapping, got 3"):
+        JobConfig.from_dict({"strategy": 3})
+
+
 def test_job_module_imports_no_torch() -> None:
     code = "import sys, gpu_training.job; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(SRC)})

@@ -5,7 +5,7 @@ A job has five sections, each a typed dataclass that checks itself::
     task: charlm                 # built-in task, or {model: "pkg.mod:build", data: "pkg.mod:build"}
     task_options: {n_layer: 4}   # the task's own options
     training:  {...}             # TrainingConfig: global batch, LR, precision, steps...
-    strategy:  {name: ddp}       # StrategyConfig: none | ddp | fsdp | deepspeed, and options
+    strategy: ddp                # StrategyConfig: none | ddp | fsdp | deepspeed, or {name: fsdp, ...}
     checkpoint: {every: 50}      # where, how often, how many to keep
     run: {output_dir: runs/demo} # logging, evaluation, metrics
 
@@ -480,8 +480,14 @@ class JobConfig:
             field_name = f"training.{err.field}" if err.field else "training"
             message = str(err).replace(f"'{err.field}'", f"'{field_name}'", 1)
             raise ConfigError(message, field_name) from None
-        sections = {name: _section(kind, name, data.get(name)) for name, kind in _SECTIONS.items()}
+        raw = {**data, "strategy": _strategy_mapping(data.get("strategy"))}
+        sections = {name: _section(kind, name, raw.get(name)) for name, kind in _SECTIONS.items()}
         return cls(task=task, training=training, **sections)
+
+
+def _strategy_mapping(raw: object) -> object:
+    """``strategy: fsdp`` as ``strategy: {name: fsdp}``: the short spelling of a bare name."""
+    return {"name": raw} if isinstance(raw, str) else raw
 
 
 def _math_settings(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -559,7 +565,7 @@ def load_job(
             f"{Path(path)}: the job file is empty; give at least a 'training' section "
             "(see configs/ddp_config.yaml)"
         )
-    strategy = data.get("strategy")
+    strategy = data["strategy"] = _strategy_mapping(data.get("strategy"))  # --set adds to it
     if isinstance(strategy, dict) and isinstance(strategy.get("deepspeed_config"), str):
         ds = Path(strategy["deepspeed_config"])
         beside = Path(path).parent / ds
