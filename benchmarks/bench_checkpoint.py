@@ -3,8 +3,8 @@
 Saves a ~41 MB model + AdamW state in four ways, interleaved (each round runs every method
 once, in a rotated order), and reports medians:
 
-- ``bare``: ``torch.save`` to a new file, ``flush``, ``fsync`` (the baseline, DESIGN.md);
-- ``sync``: ``CheckpointManager.save`` (tmp dir, CRC32, manifest, fsyncs, rename, dir fsync);
+- ``bare``: ``torch.save`` to a new file, ``flush``, ``fsync`` (the baseline);
+- ``sync``: ``CheckpointManager.save`` (tmp dir, checksums, manifest, fsyncs, rename, dir fsync);
 - ``sync_prune``: the same with ``keep_last_n=1``, so removing the previous checkpoint counts;
 - ``async``: ``save(..., async_save=True)``: ``async_block`` is how long the caller is
   blocked (the CPU snapshot), ``async_total`` the time until :meth:`wait` returns.

@@ -3,7 +3,7 @@
 Every multi-rank test goes through :func:`run_ranks`: each rank is a new process with the
 environment torchrun would give it, the ranks share one process group so a hang ends with
 one ``killpg``, and the verdict comes from the result files the ranks wrote, not their exit
-codes (DESIGN.md, "Traps": ~3% of healthy 2-rank gloo runs abort at interpreter exit).
+codes (docs/design.md, "Traps": ~3% of healthy 2-rank gloo runs abort at interpreter exit).
 
 The ranks are forked from a *zygote*, a forkserver that imported torch and the package once
 per test session (importing them is most of a fresh rank's start-up), not started as fresh

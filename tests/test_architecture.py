@@ -8,6 +8,7 @@ lists read as the remaining work of the architecture issue, nothing else.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -34,19 +35,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "throughput",
             "tasks",
             "meta_device",
+            "data",
+            "step",
         ),
     ),
     (
         "data and checkpoints",
         (
-            "data",
             "batch_finder",
             "profiling",
             "checkpoint",
             "resume",
             "reporting",
             "trackers",
-            "step",
             "evaluation",
         ),
     ),
@@ -233,3 +234,28 @@ def test_no_merge_conflict_markers_are_left_in_the_tree() -> None:
         if line.startswith(markers) and (line != "=" * 7 + "\n" or path.suffix != ".md")
     ]
     assert not found, f"merge conflict markers: {found}"
+
+
+# Documents of other projects that comments cite by their own paths.
+_EXTERNAL_DOCS = ("torchtitan", "PyTorch's")
+_DOC_REFERENCE = re.compile(r"(?<![\w/.-])((?:docs/|benchmarks/)?[A-Za-z_]+\.md)\b")
+
+
+def test_comments_name_only_documents_that_exist() -> None:
+    """A pointer such as ``(docs/design.md, "Traps")`` names a file of this repository: a
+    comment that sends readers to a design file the repository does not have is a dead end."""
+    root = SRC.parent
+    dead = []
+    for folder in ("src", "tests", "examples", "benchmarks"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if "lint_corpus" in path.parts:  # other people's scripts, kept as they wrote them
+                continue
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for number, line in enumerate(lines, 1):
+                if any(name in line for name in _EXTERNAL_DOCS):
+                    continue
+                for ref in _DOC_REFERENCE.findall(line):
+                    places = (root / ref, root / "docs" / ref, path.parent / ref)
+                    if not any(p.is_file() for p in places):
+                        dead.append(f"{path.relative_to(root)}:{number}: {ref}")
+    assert not dead, f"comments point to documents that do not exist: {dead}"

@@ -350,7 +350,7 @@ def _train_worker(stop_at: tuple[int, int] | None, resume: dict[str, Any] | None
             "optimizer": optimizer.state_dict(),
             "sampler": sampler.state_dict(),
         }
-        del net  # drop DDP's reducer before the group goes (DESIGN.md trap)
+        del net  # drop DDP's reducer before the group goes (docs/design.md, "Traps")
         return {"accum": sampler.gradient_accumulation_steps, "steps": steps, "state": state}
     finally:
         cleanup_distributed()

@@ -212,7 +212,7 @@ def _ddp_parity_worker(steps: int, per_device: int, accum: int, epoch: int) -> d
             for a, b in zip(ddp.module.parameters(), reference.parameters(), strict=True)
         )
         params = [p.detach().clone() for p in ddp.module.parameters()]
-        del ddp  # drop DDP's reducer before the group goes (DESIGN.md trap)
+        del ddp  # drop DDP's reducer before the group goes (docs/design.md, "Traps")
         return {
             "diff": diff,
             "syncs": syncs[0],

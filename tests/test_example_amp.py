@@ -17,7 +17,7 @@ from dist_harness import run_script
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_amp.py"
 EPOCHS = 3
 _LOSS_LINE = re.compile(r"^epoch (\d+) loss (\d+\.\d+)$", re.MULTILINE)
-# DESIGN.md "Traps": ~3% of healthy 2-rank gloo runs abort at interpreter exit.
+# docs/design.md "Traps": ~3% of healthy 2-rank gloo runs abort at interpreter exit.
 _EXIT_ABORT = ("terminate called without an active exception", "Signal 6 (SIGABRT)")
 
 

@@ -1,6 +1,6 @@
 """A 2-rank DDP job on gloo exits 0: ``cleanup_distributed()`` leaves no gloo thread behind.
 
-DESIGN.md "Traps" (exit-time abort): DDP's constructor imports ``torch.distributed.nn``,
+docs/design.md "Traps" (exit-time abort): DDP's constructor imports ``torch.distributed.nn``,
 whose ``group=group.WORLD`` default arguments keep the default process group, and its gloo
 worker threads, alive after ``destroy_process_group()``. A worker that frees a work created
 during backward (it holds a Python object) once interpreter shutdown has begun dies taking

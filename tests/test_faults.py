@@ -472,7 +472,7 @@ def test_signal_saves_and_ends_with_one_line_and_143(
     assert latest is not None and latest.name == f"step-{int(stops[0][1]):08d}"
     assert "Traceback" not in text and "SignalException" not in text, text[-4000:]
     if result.returncode != 143 and case.target == "rank1":
-        # the known gloo exit-time abort (DESIGN.md, Traps) after the checkpoint was checked
+        # the known gloo exit-time abort (docs/design.md, "Traps") after the checkpoint was checked
         assert result.returncode == 1 and re.search(r"exitcode\s*:\s*-6\b", text), text[-4000:]
         warnings.warn("a rank aborted at interpreter exit after saving", stacklevel=1)
         return

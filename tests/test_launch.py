@@ -61,7 +61,7 @@ def test_multi_node_argv_uses_c10d_a_shared_id_and_no_node_rank() -> None:
     argv = launch_argv("train.py", 8, nnodes=2, rdzv_endpoint="node0:29500", module=False)
     assert argv[:4] == ["torchrun", "--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d"]
     assert "--rdzv_endpoint=node0:29500" in argv and "--standalone" not in argv
-    assert not any("node_rank" in a for a in argv)  # c10d ignores it (DESIGN.md, Traps)
+    assert not any("node_rank" in a for a in argv)  # c10d ignores it (docs/multi-node.md)
     ids = [a for a in argv if a.startswith("--rdzv_id=")]
     assert ids == [f"--rdzv_id={shared_rdzv_id('node0:29500', 2, 8, 'train.py')}"]
     module = launch_argv("gpu_training", 2, ["train", "c.yaml"], module=True)

@@ -341,7 +341,7 @@ def test_torchrun_job_checkpoints_and_exits_on_signal(
     assert job.proc.returncode == 1, job.output()
     report = job.log.read_text()
     if target != "torchrun" and not re.search(rf"exitcode\s*:\s*{EXIT_PREEMPTED}\b", report):
-        # the known gloo exit-time abort (DESIGN.md, Traps) after the work was done and checked
+        # the known gloo exit-time abort (docs/design.md, "Traps") after the work was done and checked
         assert re.search(r"exitcode\s*:\s*-6\b", report), job.output()
         warnings.warn("a rank crashed at exit (SIGABRT) after its checkpoint", stacklevel=1)
 

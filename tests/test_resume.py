@@ -128,7 +128,7 @@ def _train(ckpt_dir: str, total_steps: int, opts: dict[str, Any] | None = None) 
             "scaler": amp.scaler.state_dict(),
             "epoch": sampler.epoch,
         }
-        del model  # free DDP's reducer before the group goes (DESIGN.md trap)
+        del model  # free DDP's reducer before the group goes (docs/design.md, "Traps")
         return out
     finally:
         cleanup_distributed()

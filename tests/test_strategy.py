@@ -614,7 +614,7 @@ def _parity_worker(labels: list[str]) -> dict[str, Any]:
                 "checkpointed": sum(isinstance(m, CheckpointWrapper) for m in run.model.modules()),
                 "checksum": sum(v.double().sum().item() for v in state.values()),
             }
-            del run, model  # drop DDP's reducer before the group goes (DESIGN.md trap)
+            del run, model  # drop DDP's reducer before the group goes (docs/design.md, "Traps")
         return results
     finally:
         cleanup_distributed()

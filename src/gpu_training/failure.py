@@ -3,7 +3,7 @@
 A rank that raises must not enter a barrier or any other collective on its way out: its peers
 are blocked in a *different* collective (DDP's gradient all-reduce, the next log step's
 reduce), so the barrier never completes and the whole job sits silent until the
-process-group timeout (DESIGN.md, "Traps"). The helpers here let teardown code tell the two
+process-group timeout (docs/design.md, "Traps"). The helpers here let teardown code tell the two
 paths apart and end the failing one fast:
 
 * :func:`exception_in_flight` — the exception this thread is raising or handling, as seen
@@ -279,7 +279,7 @@ def _print_traceback(exc: BaseException) -> None:
 def exit_now(code: int) -> NoReturn:
     """End this process at once with ``code``: children stopped, output flushed, no shutdown.
 
-    ``os._exit`` skips interpreter shutdown, where gloo can hang or abort (DESIGN.md). It
+    ``os._exit`` skips interpreter shutdown, where gloo can hang or abort (docs/design.md, "Traps"). It
     also skips the DataLoader's own clean-up, and torchrun signals only the ranks still
     alive, so a worker process stuck in ``__getitem__`` would outlive its rank (holding the
     job's output open): the children of this process are killed first.
@@ -319,7 +319,7 @@ def end_failed_rank(exc: BaseException, code: int = 1) -> NoReturn:
     The rank that failed first prints its traceback; a victim (:func:`is_peer_failure`) prints
     nothing more than the line it has already printed, so the output names the culprit once.
     ``os._exit`` then skips interpreter shutdown: there gloo frees the process group, and with
-    a DDP model still referenced by the traceback that can hang or abort (DESIGN.md, "Traps").
+    a DDP model still referenced by the traceback that can hang or abort (docs/design.md, "Traps").
     Call it only where nothing else must run before the process ends.
 
     Args:

@@ -125,7 +125,7 @@ def cleanup_distributed() -> None:
         dist.destroy_process_group()
     if dist.is_initialized():
         return  # destroy failed: the groups are still in use, leave their defaults alone
-    # Gloo threads alive at interpreter shutdown can abort the process (DESIGN.md, exit abort).
+    # Gloo threads alive at interpreter shutdown can abort the process (docs/design.md, "Traps").
     _release_group_defaults()
     if world is not None and world() is not None:
         gc.collect()  # only a reference cycle can still hold it; a full collection is not free

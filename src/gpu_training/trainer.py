@@ -237,7 +237,8 @@ class Trainer:
         except BaseException as exc:
             if self.ctx.is_distributed:
                 # The run's objects live on in the traceback, DDP's reducer holding the group:
-                # freed, the teardown below closes it and the peers stop at once (DESIGN.md).
+                # freed, the teardown below closes it and the peers stop at once
+                # (docs/design.md, "Traps").
                 traceback.clear_frames(exc.__traceback__)
             raise
         finally:
@@ -285,7 +286,7 @@ class Trainer:
             if png is not None:
                 self.print(f"plot: {png}")
         self._emit("on_train_end", summary)
-        del run  # free DDP's reducer before the group goes (DESIGN.md)
+        del run  # free DDP's reducer before the group goes (docs/design.md, "Traps")
         return {k: float(v) for k, v in summary.items()}
 
     def _setup(self) -> _Run:

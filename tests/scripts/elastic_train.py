@@ -104,7 +104,7 @@ def main() -> int:
                 break
             time.sleep(args.sleep)
     crc = weights_crc(model.state_dict())
-    del ddp  # before the group goes: DDP's reducer can hang gloo at exit (DESIGN.md, Traps)
+    del ddp  # before the group goes: DDP's reducer can hang gloo at exit (docs/design.md, "Traps")
     word = "stopped at" if stopped else "done"
     say(f"rank {ctx.rank} {word} step {epoch * args.steps_per_epoch} weights {crc:08x}")
     if stopped:

@@ -63,7 +63,7 @@ def main(out: str) -> int:
                 watchdog.tick(step)
                 if step >= STEPS:
                     break
-        del model  # before the group goes: DDP's reducer (DESIGN.md, Traps)
+        del model  # before the group goes: DDP's reducer (docs/design.md, "Traps")
     finally:
         cleanup_distributed()
     return 0

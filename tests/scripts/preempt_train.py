@@ -71,7 +71,7 @@ def main() -> int:
                 say(f"step {step}")
             time.sleep(args.sleep)
     crc = weights_crc(model.state_dict())
-    del ddp  # before the group goes: DDP's reducer can hang gloo at exit (DESIGN.md, Traps)
+    del ddp  # before the group goes: DDP's reducer can hang gloo at exit (docs/design.md, "Traps")
     if stopped_at is not None:
         say(f"rank {ctx.rank} stopped at step {stopped_at} weights {crc:08x}")
         exit_preempted()

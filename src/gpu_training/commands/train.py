@@ -200,7 +200,9 @@ def _run_train(args: argparse.Namespace) -> int:
         summary = entry_point(_bad_input_exits(trainer.fit))()
     except (Exception, KeyboardInterrupt) as exc:
         if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-            end_failed_rank(exc)  # no interpreter shutdown: gloo can hang in it (DESIGN.md)
+            end_failed_rank(
+                exc
+            )  # no interpreter shutdown: gloo can hang in it (docs/design.md, "Traps")
         raise
     if summary["preempted"]:
         return EXIT_PREEMPTED
