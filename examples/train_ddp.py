@@ -1,14 +1,16 @@
 """DDP training with gpu_training's helpers — the Distributed Training Guide as one script.
 
-Run on 2 CPU processes (gloo) or on every GPU of a node (nccl), unchanged:
+Run on 2 CPU processes (gloo), on every GPU of a node (nccl) or in one process, unchanged:
 
     torchrun --standalone --nproc_per_node=2 examples/train_ddp.py --epochs 3
+    python examples/train_ddp.py --epochs 3
 
-It shows each rule of the guide: set_device before the group (init_distributed), a
-DistributedSampler with set_epoch (train_one_epoch), no_sync off accumulation boundaries, an
-effective batch that is explicit and a learning rate scaled to it, metrics reduced over ranks
-and printed by rank 0 only, checkpoints written by rank 0 atomically without ``module.``
-prefixes, and a clean teardown.
+It shows each rule of the guide: set_device before the group (init_distributed), a sampler
+that gives each rank its share of every global batch, with set_epoch (train_one_epoch),
+no_sync off accumulation boundaries, a global batch that is explicit and a learning rate
+scaled to it, metrics reduced over ranks and printed by rank 0 only, checkpoints written by
+rank 0 atomically without ``module.`` prefixes, and a clean teardown. The global batch
+defines the run: on 1, 2 or 4 processes it takes the same optimizer steps (promise 1).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32, help="per-device micro-batch")
-    p.add_argument("--grad-accum", type=int, default=2)
+    p.add_argument("--global-batch", type=int, default=128, help="samples per optimizer step")
     p.add_argument("--lr", type=float, default=3e-3, help="LR tuned at --base-batch")
     p.add_argument("--base-batch", type=int, default=128)
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
@@ -69,8 +71,8 @@ def main() -> None:
         device = resolve_device(ctx)
         dataset = make_dataset(args.samples, args.seed)
         cfg = TrainingConfig(
+            global_batch_size=args.global_batch,  # accumulation = global / (batch x ranks)
             per_device_batch_size=args.batch_size,
-            gradient_accumulation_steps=args.grad_accum,
             world_size=ctx.world_size,
             learning_rate=args.lr,
             base_batch_size=args.base_batch,
@@ -84,19 +86,19 @@ def main() -> None:
 
         torch.manual_seed(cfg.seed)  # same init everywhere (DDP also broadcasts rank 0's)
         model = build_model().to(device)
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if ctx.is_distributed:  # one process (python examples/train_ddp.py) needs no wrapper
+            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-        # drop_last: every rank gets the same number of whole micro-batches.
+        # This rank's micro-batches of each global batch; the same steps on any rank count.
         sampler = make_distributed_sampler(
-            dataset, ctx, shuffle=True, seed=cfg.seed, drop_last=True
-        )
-        loader = DataLoader(
             dataset,
-            batch_size=cfg.per_device_batch_size,
-            sampler=sampler,
-            shuffle=(sampler is None),
-            drop_last=True,
+            ctx,
+            shuffle=True,
+            seed=cfg.seed,
+            global_batch_size=args.global_batch,
+            per_device_batch_size=cfg.per_device_batch_size,
         )
+        loader = DataLoader(dataset, batch_sampler=sampler)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.scaled_learning_rate)
         scheduler = linear_warmup_cosine_lr(
             optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps(len(dataset))
@@ -104,7 +106,7 @@ def main() -> None:
         trainer = MixedPrecisionTrainer(
             optimizer,
             precision=cfg.precision,
-            grad_accum_steps=cfg.gradient_accumulation_steps,
+            grad_accum_steps=sampler.gradient_accumulation_steps,
             max_grad_norm=cfg.max_grad_norm,
         )
         ckpt = CheckpointManager(args.checkpoint_dir, ctx=ctx, keep_last_n=2)
@@ -128,13 +130,14 @@ def main() -> None:
                     "optimizer_state": optimizer.state_dict(),
                     "scheduler_state": scheduler.state_dict(),
                     "amp_state": trainer.state_dict(),
+                    "sampler_state": sampler.state_dict(),
                     "epoch": epoch,
                 },
                 step=global_step,
             )
         if ctx.is_main_process:
             print(f"checkpoint: {ckpt.latest()}", flush=True)
-        del model  # free DDP's reducer before the group goes (DESIGN.md: exit-time hang)
+        del model  # free DDP's reducer before the group goes (docs/design.md, "Traps")
     finally:
         cleanup_distributed()
 

@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
-from dist_harness import run_script
+from dist_harness import run_python, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,3 +43,24 @@ def test_train_ddp_example_loss_falls_rank0_only(tmp_path: Path) -> None:
     assert out.count("effective batch: ") == 1
     steps = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))
     assert len(steps) == 2  # keep_last_n=2
+
+
+def test_train_ddp_example_takes_the_same_steps_in_one_process_and_on_two(tmp_path: Path) -> None:
+    """The README's promise on its runnable example: a global batch of 128 as 1 x 32 x 4 and
+    2 x 32 x 2 ends with the same weights (the same samples in every optimizer step)."""
+    args = ["--epochs", "1", "--samples", "1024", "--warmup", "2"]
+    runs = {}
+    for nproc in (1, 2):
+        ckpt = tmp_path / f"ckpt{nproc}"
+        where = ["--checkpoint-dir", str(ckpt)]
+        if nproc == 1:
+            proc = run_python(
+                [str(ROOT / "examples" / "train_ddp.py"), *args, *where], cwd=tmp_path
+            )
+        else:
+            proc = run_script(ROOT / "examples" / "train_ddp.py", 2, [*args, *where], cwd=tmp_path)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        state = torch.load(ckpt / "step-00000008" / "state.pt", weights_only=True)
+        runs[nproc] = state["model_state"]
+    diff = max((runs[1][k] - runs[2][k]).abs().max().item() for k in runs[1])
+    assert diff < 1e-5, f"1 process vs 2 ranks: weights differ by {diff:.2e}"

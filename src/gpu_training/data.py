@@ -60,7 +60,7 @@ from torch.utils.data import Sampler
 from gpu_training.config import ConfigError
 from gpu_training.config.batch import exact_accumulation_steps
 from gpu_training.config.checks import check_positive_int_argument
-from gpu_training.ddp import DistributedContext
+from gpu_training.dist_init import DistributedContext
 
 __all__ = ["GlobalBatchSampler", "SamplerConfigError", "global_batch_plan"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from gpu_training.amp import MixedPrecisionStepper
+from gpu_training.data import GlobalBatchSampler
 from gpu_training.dist_init import (
     DEFAULT_TIMEOUT,
     DistributedContext,
@@ -41,6 +42,9 @@ from gpu_training.dist_init import (
     resolve_device,
 )
 from gpu_training.process_group import cleanup_distributed, collective_device, process_group_up
+
+if TYPE_CHECKING:
+    from gpu_training.step import LossOutput
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -58,22 +62,96 @@ __all__ = [
 ]
 
 
+@overload
+def make_distributed_sampler(
+    dataset: Dataset[Any],
+    ctx: DistributedContext,
+    shuffle: bool = ...,
+    seed: int = ...,
+    drop_last: bool = ...,
+    *,
+    global_batch_size: None = None,
+    per_device_batch_size: None = None,
+) -> DistributedSampler[Any] | None: ...
+
+
+@overload
+def make_distributed_sampler(
+    dataset: Dataset[Any],
+    ctx: DistributedContext,
+    shuffle: bool = ...,
+    seed: int = ...,
+    drop_last: bool = ...,
+    *,
+    global_batch_size: int,
+    per_device_batch_size: int,
+) -> GlobalBatchSampler: ...
+
+
 def make_distributed_sampler(
     dataset: Dataset[Any],
     ctx: DistributedContext,
     shuffle: bool = True,
     seed: int = 0,
     drop_last: bool = False,
-) -> DistributedSampler[Any] | None:
-    """A :class:`DistributedSampler` for this rank, or None in a single process.
+    *,
+    global_batch_size: int | None = None,
+    per_device_batch_size: int | None = None,
+) -> DistributedSampler[Any] | GlobalBatchSampler | None:
+    """This rank's share of the data: a global-batch sampler, or a ``DistributedSampler``.
 
-    Returning None keeps the ``DataLoader(..., sampler=sampler, shuffle=(sampler is None))``
-    idiom valid in both cases. Remember ``sampler.set_epoch(epoch)`` every epoch
-    (:func:`train_one_epoch` does it).
+    With ``global_batch_size`` and ``per_device_batch_size`` (the way to keep promise 1): a
+    :class:`~gpu_training.data.GlobalBatchSampler`, also in one process. Use it as the
+    loader's ``batch_sampler`` and give the stepper its accumulation::
 
-    With ``drop_last=False`` and a dataset size not divisible by the world size, the sampler
-    pads by repeating a few samples so that every rank gets the same count.
+        sampler = make_distributed_sampler(dataset, ctx, seed=0, global_batch_size=256,
+                                           per_device_batch_size=32)
+        loader = DataLoader(dataset, batch_sampler=sampler)
+        stepper = MixedPrecisionStepper(optimizer,
+                                        grad_accum_steps=sampler.gradient_accumulation_steps)
+
+    Every optimizer step then trains on the same samples, grouped in the same micro-batches,
+    on any number of ranks, and a checkpoint of ``sampler.state_dict()`` resumes mid-epoch on
+    any of them. The incomplete last global batch of an epoch is always dropped
+    (``drop_last`` does not apply).
+
+    Without them: a :class:`~torch.utils.data.DistributedSampler` for this rank, or None in a
+    single process, which keeps the ``DataLoader(..., sampler=sampler,
+    shuffle=(sampler is None))`` idiom valid in both cases. Remember
+    ``sampler.set_epoch(epoch)`` every epoch (:func:`train_one_epoch` does it). With
+    ``drop_last=False`` and a dataset size not divisible by the world size, it pads by
+    repeating a few samples so that every rank gets the same count. What each sampler keeps
+    of promise 1 is in docs/foundation.md ("Which sampler keeps which promise").
+
+    Args:
+        dataset: The dataset to shard (it needs a ``len()``).
+        ctx: This process's context.
+        shuffle: A new seeded permutation every epoch.
+        seed: The permutations' seed; the same on every rank.
+        drop_last: ``DistributedSampler`` only: drop the tail instead of padding it.
+        global_batch_size: Samples per optimizer step over all ranks.
+        per_device_batch_size: Samples per micro-batch on one rank.
+
+    Raises:
+        ValueError: If only one of ``global_batch_size`` and ``per_device_batch_size`` is given.
+        SamplerConfigError: If the global batch does not split into ``world_size`` ranks of
+            whole micro-batches, or is larger than the dataset (the message says what fits).
     """
+    if (global_batch_size is None) != (per_device_batch_size is None):
+        given = "global_batch_size" if per_device_batch_size is None else "per_device_batch_size"
+        raise ValueError(
+            f"make_distributed_sampler: {given} needs its pair: give both global_batch_size "
+            "and per_device_batch_size (a global-batch sampler), or neither"
+        )
+    if global_batch_size is not None and per_device_batch_size is not None:
+        return GlobalBatchSampler(
+            len(dataset),  # type: ignore[arg-type]
+            global_batch_size,
+            per_device_batch_size,
+            ctx,
+            seed=seed,
+            shuffle=shuffle,
+        )
     if not ctx.is_distributed:
         return None
     return DistributedSampler(
@@ -210,118 +288,167 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def _set_epoch(loader: Iterable[Any], epoch: int) -> bool:
+def _epoch_sampler(loader: Iterable[Any]) -> Any:
+    """The loader's sampler that has ``set_epoch`` (a ``DistributedSampler`` at
+    ``loader.sampler``, a ``GlobalBatchSampler`` as its ``batch_sampler``), or None."""
     batch_sampler = getattr(loader, "batch_sampler", None)
-    # A DistributedSampler sits at loader.sampler; a GlobalBatchSampler is the batch_sampler.
     for candidate in (
         getattr(loader, "sampler", None),
         batch_sampler,
         getattr(batch_sampler, "sampler", None),
     ):
         if candidate is not None and callable(getattr(candidate, "set_epoch", None)):
-            candidate.set_epoch(epoch)
-            return True
-    return False
+            return candidate
+    return None
+
+
+def _first_step(loader: Iterable[Any], sampler: Any, epoch: int, accum: int) -> int:
+    """Optimizer steps the run took before this epoch's next one: the random streams' key.
+
+    A global-batch sampler knows it exactly, a resumed position included; a sized loader
+    counts whole epochs; an unsized one keeps epochs apart in the high 32 bits.
+    """
+    if isinstance(sampler, GlobalBatchSampler):
+        # len() is what the next iteration yields (from the resumed position): read it before
+        # iter(), as DataLoader workers prefetch and move the position.
+        done_in_epoch = sampler.steps_per_epoch - len(sampler) // accum
+        return epoch * sampler.steps_per_epoch + done_in_epoch
+    if hasattr(loader, "__len__"):
+        return epoch * (len(loader) // accum)  # type: ignore[arg-type]
+    return epoch << 32
 
 
 def train_one_epoch(
     model: nn.Module,
     loader: DataLoader[Any] | Iterable[Any],
     stepper: MixedPrecisionStepper,
-    loss_fn: Callable[..., torch.Tensor],
+    loss_fn: Callable[[Any, Any], LossOutput],
     ctx: DistributedContext,
     *,
     epoch: int,
     device: torch.device | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     max_steps: int | None = None,
+    seed: int | None = None,
+    first_step: int | None = None,
+    count_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """One pass over ``loader`` with accumulation, ``no_sync``, AMP and clipping done right.
+    """One pass over ``loader``, with the same optimizer step as the Trainer's.
 
-    For each micro-batch ``(x, y)``: forward under ``stepper.autocast()``, ``stepper.backward``
-    inside ``no_sync`` unless it closes an accumulation window, then ``stepper.step_async``
-    (which acts only on boundaries) and ``scheduler.step()`` after each optimizer step. The
-    host never waits for the device inside the epoch: losses and norms add up on the device
-    and are read once at the end. Calls
-    ``sampler.set_epoch(epoch)`` first. Trailing micro-batches that cannot fill a whole
-    accumulation window are not trained on (their gradient would leak into the next epoch).
+    The loader's micro-batches are taken ``stepper.grad_accum_steps`` at a time, one
+    optimizer step each, through :func:`gpu_training.step.train_step`, the Trainer's own step:
+    forward under ``stepper.autocast()``, backward inside ``no_sync`` off the accumulation
+    boundary, each micro-batch drawing its random numbers (dropout) from its own stream keyed
+    by (``seed``, the step, its place in the global batch), and a loss that returns
+    ``(sum, count)`` divided by the scored targets of the whole global batch. A loss that
+    returns a mean is used as is. Then ``scheduler.step()`` after each optimizer step. Calls
+    ``sampler.set_epoch(epoch)`` first. Micro-batches that cannot fill a whole accumulation
+    window at the end are not trained on. The host never waits for the device inside the
+    epoch: losses and norms add up on the device and are read once at the end.
+
+    With a global-batch sampler (:func:`make_distributed_sampler` with
+    ``global_batch_size``) the weights after each step do not depend on the number of ranks,
+    dropout and masked targets included; docs/foundation.md says what holds with a
+    ``DistributedSampler``.
 
     Args:
-        model: The (DDP-wrapped or plain) model.
+        model: The (DDP-wrapped, FSDP2 or plain) model.
         loader: Yields ``(inputs, targets)`` pairs.
         stepper: Holds the optimizer, precision and accumulation.
-        loss_fn: ``loss_fn(model(inputs), targets)`` → scalar mean loss of the micro-batch.
+        loss_fn: ``loss_fn(model(inputs), targets)`` → the micro-batch's mean loss, or
+            ``(sum over scored targets, their count)`` (e.g.
+            :func:`gpu_training.tasks.cross_entropy_sum`, targets of -100 not scored).
         ctx: This process's context; metrics are averaged over its ranks.
         epoch: Epoch number, passed to ``sampler.set_epoch``.
         device: Where to move batches (default: the model's parameters' device).
         scheduler: LR scheduler stepped once per optimizer step.
         max_steps: Stop after this many optimizer steps.
+        seed: The random streams' seed (default: the sampler's seed, else 0).
+        first_step: Optimizer steps the run took before this call (the streams' key; default:
+            from a global-batch sampler's epoch and position, else ``epoch`` × steps per
+            epoch of a sized loader).
+        count_fn: Scored targets of a micro-batch, for ``(sum, count)`` losses (default:
+            targets that are not -100). The counts the loss returns are checked against it
+            on the first step.
 
     Returns:
-        Averaged over ranks: ``loss`` (mean micro-batch loss), ``grad_norm`` (mean over the
-        steps whose norm was measured: every step when the stepper clips, which measures them
-        anyway, or when the loader has no ``len()`` and no ``max_steps`` bounds it; otherwise
-        only the last step's), ``lr`` (at the end), and the counts ``steps``, ``skipped_steps`` and
-        ``samples`` (per rank).
+        Averaged over ranks: ``loss`` (the mean of the steps' global-batch losses),
+        ``grad_norm`` (mean over the steps whose norm was measured: every step when the
+        stepper clips, which measures them anyway, or when the loader has no ``len()`` and
+        no ``max_steps`` bounds it; otherwise only the last step's), ``lr`` (at the end), and
+        the counts ``steps``, ``skipped_steps`` and ``samples`` (per rank).
+
+    Raises:
+        ValueError: If a global-batch sampler's accumulation is not the stepper's, or a
+            ``(sum, count)`` loss counts other targets than ``count_fn``.
     """
-    if not _set_epoch(loader, epoch) and ctx.is_distributed:
+    from gpu_training.step import step_batches, step_fns, train_step  # step imports this module
+    from gpu_training.tasks import count_scored
+
+    sampler = _epoch_sampler(loader)
+    if sampler is not None:
+        sampler.set_epoch(epoch)
+    elif ctx.is_distributed:
         warnings.warn(
             "train_one_epoch: the loader has no sampler with set_epoch(); without a "
             "DistributedSampler every rank trains on the same data",
             stacklevel=2,
         )
+    accum = stepper.grad_accum_steps
+    if isinstance(sampler, GlobalBatchSampler) and sampler.gradient_accumulation_steps != accum:
+        raise ValueError(
+            f"train_one_epoch: the sampler gives {sampler.gradient_accumulation_steps} "
+            f"micro-batches per global batch on each rank, the stepper accumulates {accum}: "
+            "create the stepper with grad_accum_steps=sampler.gradient_accumulation_steps"
+        )
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    accum = stepper.grad_accum_steps
-    usable: int | None = None
-    if hasattr(loader, "__len__"):
-        usable = (len(loader) // accum) * accum  # type: ignore[arg-type]
+    if seed is None:
+        seed = int(getattr(sampler, "seed", 0))
+    if first_step is None:
+        first_step = _first_step(loader, sampler, epoch, accum)
+    last_step = None if not hasattr(loader, "__len__") else len(loader) // accum  # type: ignore[arg-type]
+    if max_steps is not None:
+        last_step = max_steps if last_step is None else min(last_step, max_steps)
+    steps_fns = step_fns(model, stepper)
     model.train()
     # Running sums stay on the device: a .item() per micro-batch would sync the host.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     norm_sum = torch.zeros((), dtype=torch.float64, device=device)
-    norms = 0  # norms in norm_sum
-    last_step = None if usable is None else usable // accum  # None: not known in advance
-    if max_steps is not None:
-        last_step = max_steps if last_step is None else min(last_step, max_steps)
-    micro_batches = steps = skipped = samples = 0
-    on_cpu = device.type == "cpu"
+    norms = micro_batches = steps = skipped = samples = 0
     losses: list[torch.Tensor] = []  # folded into loss_sum in chunks: one op per chunk
-    for micro, batch in enumerate(loader):
-        if usable is not None and micro >= usable:
-            break
-        inputs, targets = batch if on_cpu else move_to_device(batch, device)
-        boundary = (micro + 1) % accum == 0
-        # The boundary micro-batch syncs as usual: nothing to switch off, nothing to enter.
-        with contextlib.nullcontext() if boundary else gradient_sync(model, enabled=False):
-            with stepper.autocast():
-                loss = loss_fn(model(inputs), targets)
-            stepper.backward(loss)
-        losses.append(loss.detach())
-        if len(losses) == 256:
+    for batches in step_batches(loader, accum):
+        norm, step_losses = train_step(
+            batches,
+            model,
+            loss_fn,
+            steps_fns,
+            ctx=ctx,
+            device=device,
+            seed=seed,
+            step=first_step + steps,
+            count_fn=count_fn or count_scored,
+            check_counts=steps == 0,
+        )
+        losses.extend(step_losses)
+        if len(losses) >= 256:
             loss_sum += torch.stack(losses).sum(dtype=torch.float64)
             losses.clear()
-        samples += len(inputs)
-        micro_batches += 1
-        # Without clipping, a norm costs a pass over the gradients: measure the last one only.
-        measure = last_step is None or steps + 1 == last_step
-        norm = stepper.step_async(model.parameters(), micro, norm=measure)
-        if norm is not None:
-            steps += 1
-            if stepper.last_step_skipped:
-                skipped += 1
-            elif norm.computed:
-                norm_sum += norm.tensor().to(norm_sum)
-                norms += 1
-            if scheduler is not None:
-                scheduler.step()
-            if max_steps is not None and steps >= max_steps:
-                break
+        samples += sum(len(batch[1]) for batch in batches)
+        micro_batches += len(batches)
+        steps += 1
+        if stepper.last_step_skipped:
+            skipped += 1
+        elif norm is not None and (norm.computed or last_step is None or steps == last_step):
+            # Without clipping a norm costs a pass over the gradients: read the last one only.
+            norm_sum += norm.tensor().to(norm_sum)
+            norms += 1
+        if scheduler is not None:
+            scheduler.step()
+        if max_steps is not None and steps >= max_steps:
+            break
     if losses:
         loss_sum += torch.stack(losses).sum(dtype=torch.float64)
-    if micro_batches % accum:
-        # An unfinished window (loader without len()): drop its gradient rather than leak it.
-        stepper.optimizer.zero_grad(set_to_none=True)
     metrics = reduce_scalar_dict(
         {
             "loss": loss_sum / max(1, micro_batches),

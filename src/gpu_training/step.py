@@ -1,7 +1,10 @@
 """One optimizer step over a global batch: the same math on any number of ranks.
 
 :func:`train_step` runs the ``A`` micro-batches one rank holds of a global batch and makes
-the gradient the Trainer applies independent of how the global batch is split:
+the gradient it applies independent of how the global batch is split. The Trainer and the
+guides' own loop (:func:`gpu_training.ddp.train_one_epoch`) both step through it, with the
+strategy's :class:`StepFns` (:func:`step_fns` for a DDP, FSDP2 or plain model and its
+:class:`~gpu_training.amp.MixedPrecisionStepper`):
 
 - **Randomness belongs to the sample.** Each micro-batch's forward and backward draw from
   :func:`~gpu_training.rng.micro_batch_rng` keyed by (seed, step, the micro-batch's index in
@@ -32,21 +35,77 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from gpu_training.amp import GradNorm
-from gpu_training.ddp import DistributedContext, move_to_device, reduce_scalar_dict
+from gpu_training.amp import GradNorm, MixedPrecisionStepper, should_step
+from gpu_training.ddp import DistributedContext, gradient_sync, move_to_device, reduce_scalar_dict
 from gpu_training.rng import micro_batch_rng
 from gpu_training.tasks import count_scored
 
-__all__ = ["LossOutput", "step_batches", "sum_and_count", "train_step"]
+__all__ = ["LossOutput", "StepFns", "step_batches", "step_fns", "sum_and_count", "train_step"]
 
 LossOutput = Tensor | tuple[Tensor, Tensor]
 """A 0-d micro-batch mean, or ``(sum over scored targets, their count)``."""
+
+
+_SYNCING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+"""Reusable no-op: most micro-steps cost no context-manager generator (it shows on tiny models)."""
+
+
+@dataclass(frozen=True)
+class StepFns:
+    """The four moves of a micro-step, the same for every strategy.
+
+    ``sync(micro_step)`` wraps forward and backward (DDP/FSDP skip the gradient sync off the
+    accumulation boundary), ``autocast()`` wraps the forward pass, ``backward(loss)`` takes
+    the micro-batch's loss (division by the accumulation steps happens inside), and
+    ``step(micro_step)`` steps the optimizer on a boundary, returning the gradient norm
+    before clipping, or None off a boundary. ``step_async`` does the same and returns the
+    norm as a :class:`~gpu_training.amp.GradNorm` without waiting for the device, measured
+    only if clipping needs it or it is read (read it every N steps, before the next forward).
+    """
+
+    sync: Callable[[int], contextlib.AbstractContextManager[Any]]
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    backward: Callable[[torch.Tensor], None]
+    step: Callable[[int], float | None]
+    step_async: Callable[[int], GradNorm | None]
+
+
+def step_fns(model: nn.Module, stepper: MixedPrecisionStepper) -> StepFns:
+    """:class:`StepFns` for a wrapped model and its stepper.
+
+    Args:
+        model: The wrapped model (DDP, FSDP2 module or plain:
+            :func:`~gpu_training.strategy.wrap_model`, or your own ``DDP(model)``).
+        stepper: Holds the optimizer, precision, accumulation and clipping.
+    """
+    accum = stepper.grad_accum_steps
+
+    def sync(micro_step: int) -> contextlib.AbstractContextManager[Any]:
+        if should_step(micro_step, accum):
+            return _SYNCING  # the boundary micro-step syncs as usual: nothing to switch off
+        return gradient_sync(model, enabled=False)
+
+    def step(micro_step: int) -> float | None:
+        return stepper.step(model.parameters(), micro_step)
+
+    def step_async(micro_step: int) -> GradNorm | None:
+        return stepper.step_async(model.parameters(), micro_step)
+
+    return StepFns(
+        sync=sync,
+        autocast=stepper.autocast,
+        backward=stepper.backward,
+        step=step,
+        step_async=step_async,
+    )
 
 
 def sum_and_count(output: LossOutput, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -99,7 +158,7 @@ def train_step(
         model: The wrapped model.
         loss_fn: ``loss_fn(model(inputs), targets)``: a 0-d mean, or ``(sum, count)``.
         steps: The strategy's step functions (``sync``, ``autocast``, ``backward``,
-            ``step_async``: :class:`~gpu_training.strategy.prepared.StepFns`).
+            ``step_async``: :class:`StepFns`).
         ctx: This rank.
         device: Where the model runs.
         seed: The run's seed (the micro-batch random streams derive from it).

@@ -21,24 +21,17 @@ rest (embeddings, head). The same blocks are the units of activation checkpointi
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpu_training.amp import (
-    GradNorm,
-    MixedPrecisionStepper,
-    autocast_dtype,
-    resolve_precision,
-    should_step,
-)
-from gpu_training.ddp import DistributedContext, gradient_sync, process_group_up, resolve_device
+from gpu_training.amp import autocast_dtype, resolve_precision
+from gpu_training.ddp import DistributedContext, process_group_up, resolve_device
 from gpu_training.memory.measure import repeated_blocks
+from gpu_training.step import StepFns, step_fns  # re-exported: the strategies' step loop
 from gpu_training.strategy.spec import (
     SHARDINGS,
     StrategyConfig,
@@ -456,59 +449,3 @@ def wrap_model(
             gradient_as_bucket_view=True,  # gradients live in the buckets: no second copy
         )
     return model
-
-
-# --- one step loop for every strategy -------------------------------------------------------
-
-
-_SYNCING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-"""Reusable no-op: most micro-steps cost no context-manager generator (it shows on tiny models)."""
-
-
-@dataclass(frozen=True)
-class StepFns:
-    """The four moves of a micro-step, the same for every strategy.
-
-    ``sync(micro_step)`` wraps forward and backward (DDP/FSDP skip the gradient sync off the
-    accumulation boundary), ``autocast()`` wraps the forward pass, ``backward(loss)`` takes
-    the micro-batch's mean loss (division by the accumulation steps happens inside), and
-    ``step(micro_step)`` steps the optimizer on a boundary, returning the gradient norm
-    before clipping, or None off a boundary. ``step_async`` does the same and returns the
-    norm as a :class:`~gpu_training.amp.GradNorm` without waiting for the device, measured
-    only if clipping needs it or it is read (read it every N steps, before the next forward).
-    """
-
-    sync: Callable[[int], contextlib.AbstractContextManager[Any]]
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
-    backward: Callable[[torch.Tensor], None]
-    step: Callable[[int], float | None]
-    step_async: Callable[[int], GradNorm | None]
-
-
-def step_fns(model: nn.Module, stepper: MixedPrecisionStepper) -> StepFns:
-    """:class:`StepFns` for a model from :func:`wrap_model` and its stepper.
-
-    Args:
-        model: The wrapped model (DDP, FSDP2 module or plain).
-        stepper: Holds the optimizer, precision, accumulation and clipping.
-    """
-    accum = stepper.grad_accum_steps
-
-    def sync(micro_step: int) -> contextlib.AbstractContextManager[Any]:
-        if should_step(micro_step, accum):
-            return _SYNCING  # the boundary micro-step syncs as usual: nothing to switch off
-        return gradient_sync(model, enabled=False)
-
-    def step(micro_step: int) -> float | None:
-        return stepper.step(model.parameters(), micro_step)
-
-    def step_async(micro_step: int) -> GradNorm | None:
-        return stepper.step_async(model.parameters(), micro_step)
-
-    return StepFns(
-        sync=sync,
-        autocast=stepper.autocast,
-        backward=stepper.backward,
-        step=step,
-        step_async=step_async,
-    )
