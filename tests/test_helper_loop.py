@@ -3,7 +3,8 @@
 A user who writes the README's loop (``make_distributed_sampler`` with a global batch,
 ``MixedPrecisionStepper``, ``train_one_epoch``) trains the same weights on 1 rank x 4
 micro-steps, 2 x 2 and 4 x 1, with dropout 0.1 and targets masked to a different length in
-every sample (tests/masked_task.py), within 1e-5 after 20 AdamW steps.
+every sample (tests/masked_task.py), within 1e-5 after 20 AdamW steps, and a run stopped
+after 10 and resumed on another rank count from the sampler's state ends there too.
 
 The negative controls show what that needs: the loop as it was (dropout from each rank's
 own stream, each micro-batch's mean loss) and a mean loss in today's loop both break it.
@@ -12,6 +13,7 @@ What a ``DistributedSampler`` keeps is measured too, as docs/foundation.md state
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,9 +56,19 @@ def _old_epoch(model: Any, loader: Any, stepper: Any, ctx: Any, max_steps: int) 
 
 
 def _helper_run(
-    loop: str, loss: str, dropout: float, masked: bool, sampler_kind: str, per_device: int
+    loop: str,
+    loss: str,
+    dropout: float,
+    masked: bool,
+    sampler_kind: str,
+    per_device: int,
+    stage: str,
+    state_path: str,
 ) -> dict[str, torch.Tensor] | dict[str, float]:
-    """The README's loop on this rank; rank 0 returns the weights after ``STEPS`` steps."""
+    """The README's loop on this rank; rank 0 returns the weights after ``STEPS`` steps.
+
+    ``stage`` "first" trains half of them and saves (rank 0) model, optimizer and sampler
+    state to ``state_path``; "second" loads it and trains the other half."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader
 
@@ -99,14 +111,29 @@ def _helper_run(
             optimizer, "fp32", grad_accum_steps=accum, max_grad_norm=1.0
         )
         loss_fn = cross_entropy_sum if loss == "sum" else _mean_loss
+        steps = STEPS // 2 if stage else STEPS
+        if stage == "second":
+            state = torch.load(state_path, weights_only=True)
+            unwrap_model(model).load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            sampler.load_state_dict(state["sampler"])
         if loop == "old":
-            _old_epoch(model, loader, stepper, ctx, STEPS)
-            metrics = {"steps": float(STEPS)}
+            _old_epoch(model, loader, stepper, ctx, steps)
+            metrics = {"steps": float(steps)}
         else:
             metrics = train_one_epoch(
-                model, loader, stepper, loss_fn, ctx, epoch=0, max_steps=STEPS
+                model, loader, stepper, loss_fn, ctx, epoch=0, max_steps=steps
             )
-        assert metrics["steps"] == STEPS, metrics
+        assert metrics["steps"] == steps, metrics
+        if stage == "first" and ctx.is_main_process:
+            torch.save(
+                {
+                    "model": unwrap_model(model).state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "sampler": sampler.state_dict(),
+                },
+                state_path,
+            )
         if loop == "metrics":
             return metrics
         return {k: v.detach().clone() for k, v in unwrap_model(model).state_dict().items()}
@@ -123,8 +150,10 @@ def _run(
     masked: bool = True,
     sampler: str = "global",
     per_device: int = PER_DEVICE,
+    stage: str = "",
+    state_path: str = "",
 ) -> Any:
-    args = (loop, loss, dropout, masked, sampler, per_device)
+    args = (loop, loss, dropout, masked, sampler, per_device, stage, state_path)
     return run_ranks(_helper_run, nproc, args=args, timeout=180)[0]
 
 
@@ -190,3 +219,16 @@ def test_the_loss_metric_is_the_global_batch_loss_on_any_split() -> None:
     one, two = _run(1, loop="metrics"), _run(2, loop="metrics")
     assert abs(one["loss"] - two["loss"]) < 1e-5, (one, two)
     assert one["samples"] == 2 * two["samples"] == STEPS * GLOBAL
+
+
+@pytest.mark.parametrize("first, second", [(2, 4), (4, 1)])
+def test_a_run_resumed_at_another_rank_count_continues_the_same_masks(
+    reference: dict[str, torch.Tensor], tmp_path: Path, first: int, second: int
+) -> None:
+    """Promise 2 in the helper loop: 10 steps on ``first`` ranks, the sampler's state saved
+    with the model, 10 more on ``second``: the same weights as 20 uninterrupted steps (the
+    streams' key comes from the sampler's position, so dropout continues where it was)."""
+    state = str(tmp_path / "state.pt")
+    _run(first, stage="first", state_path=state)
+    diff = _diff(reference, _run(second, stage="second", state_path=state))
+    assert diff <= TOL, f"{first} ranks then {second}: weights differ by {diff:.2e}"
