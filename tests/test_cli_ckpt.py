@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from dist_harness import run_python
@@ -23,6 +25,7 @@ from gpu_training.commands import ckpt as ckpt_command
 from gpu_training.ddp import DistributedContext
 
 SINGLE = DistributedContext()
+FIXTURES = Path(__file__).parent / "fixtures" / "legacy_checkpoints"
 
 
 def _model(seed: int) -> nn.Sequential:
@@ -129,6 +132,70 @@ def test_inspect_plain_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["ckpt", "inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "format       torch\n" in out and "state.pt" in out
+    assert "layout" not in out  # a hand-written loop recorded no training settings
+
+
+def _inspect(path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    assert main(["ckpt", "inspect", str(path), *flags]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_inspect_shows_the_layout_that_ran_and_it_resumes_on_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job of global batch 8, 4 per device, run on 2 ranks: the manifest records 2 x 4 x 1
+    (not the 1 x 4 x 2 the job file resolves to alone) under the same config hash, and the
+    checkpoint resumes on 1 rank without a word about changed settings."""
+    from gpu_training.job import load_job
+    from train_jobs import train
+
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "task": "charlm",
+                "task_options": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
+                "training": {"global_batch_size": 8, "per_device_batch_size": 4, "max_steps": 4},
+                "strategy": {"name": "ddp"},
+                "checkpoint": {"every": 2, "keep_last_n": 5},
+                "run": {"output_dir": str(tmp_path / "run"), "plot": False, "progress": False},
+            }
+        )
+    )
+    train(job, 2)
+    root = tmp_path / "run" / "checkpoints"
+    out = _inspect(root, capsys)
+    assert "world size   2\n" in out
+    assert "layout       2 ranks x 4 per device x 1 accumulation = global batch 8\n" in out
+    manifest = json.loads(_inspect(root, capsys, "--json"))["manifest"]
+    training = manifest["config"]["training"]
+    assert (training["world_size"], training["gradient_accumulation_steps"]) == (2, 1)
+    assert (training["per_device_batch_size"], training["global_batch_size"]) == (4, 8)
+    assert manifest["config_hash"] == load_job(job).config_hash()
+
+    shutil.rmtree(root / "step-00000004")  # stopped after step 2
+    resumed = train(job, 1)
+    assert "resumed from" in resumed and "warning" not in resumed, resumed
+    out = _inspect(root, capsys)
+    assert "layout       1 rank x 4 per device x 2 accumulation = global batch 8\n" in out
+
+
+def test_inspect_derives_the_layout_of_a_manifest_from_before_it_was_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old manifests recorded the job as written (world size 1 and its accumulation): the
+    layout comes from their global batch and world size, as the run derived it."""
+    shutil.copytree(FIXTURES / "none" / "step-00000002", tmp_path / "step-00000002")
+    out = _inspect(tmp_path, capsys)  # a real one: global batch 4, 2 per device, 1 rank
+    assert "layout       1 rank x 2 per device x 2 accumulation = global batch 4\n" in out
+    manifest_file = tmp_path / "step-00000002" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["world_size"] = 2  # as a 2-rank run of that job wrote it
+    manifest_file.write_text(json.dumps(manifest))
+    out = _inspect(tmp_path, capsys)
+    assert "layout       2 ranks x 2 per device x 1 accumulation = global batch 4\n" in out
 
 
 # --- verify -------------------------------------------------------------------------------------
@@ -224,6 +291,14 @@ def _bad_cases(root: Path) -> list[tuple[list[str], list[str]]]:
         (
             ["consolidate", str(root), str(root.parent / "m.safetensors"), "--include-optimizer"],
             ["weights only"],
+        ),
+        (
+            ["export-hf", str(root), str(root.parent / "adapter"), "--adapter", "--base-name", ""],
+            ["--base-name", "empty"],
+        ),
+        (
+            ["export-hf", str(root), str(root.parent / "merged"), "--base-name", "org/model"],
+            ["--base-name", "needs --adapter"],
         ),
         (["inspect"], ["DIR"]),
         (["consolidate", str(root)], ["OUT"]),

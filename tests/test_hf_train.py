@@ -200,12 +200,14 @@ def test_lora_trains_only_the_adapters_under_fsdp2_ddp_and_zero3(
     assert len(plain["optimizer_state"]["state"]) == len(state)  # one entry per adapter
 
 
-def test_lora_merged_export_is_base_plus_adapters(runs: dict[str, Any], tmp_path: Path) -> None:
+def test_lora_merged_export_is_base_plus_adapters(
+    runs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from gpu_training.checkpoint.export_hf import export_hf
+    from gpu_training.checkpoint.export_hf import BaseNameWarning, export_hf
 
     ckpt = _last(runs, "lora_fsdp")
     adapters = _weights(ckpt, tmp_path)
@@ -228,11 +230,106 @@ def test_lora_merged_export_is_base_plus_adapters(runs: dict[str, Any], tmp_path
     with torch.no_grad():
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
         torch.testing.assert_close(model(H.PROBE).logits, trained, atol=1e-5, rtol=0)
-        adapter_dir = export_hf(ckpt, tmp_path / "adapter", adapter=True)
+        monkeypatch.chdir(tmp_path)  # the base lies elsewhere: named by its directory's name
+        with pytest.warns(BaseNameWarning, match="give --base-name"):
+            adapter_dir = export_hf(ckpt, tmp_path / "adapter", adapter=True)
         assert (adapter_dir / "adapter_config.json").is_file()
         base_model = AutoModelForCausalLM.from_pretrained(runs["assets"]["base"])
         peft = PeftModel.from_pretrained(base_model, adapter_dir).eval()
         torch.testing.assert_close(peft(H.PROBE).logits, trained, atol=1e-6, rtol=0)
+
+
+def _adapter_base(adapter_dir: Path) -> str:
+    """What the adapter names its base, checked to hold no absolute path of this machine."""
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert not [v for v in config.values() if isinstance(v, str) and Path(v).is_absolute()]
+    base: str = config["base_model_name_or_path"]
+    assert f"base_model: {base}\n" in (adapter_dir / "README.md").read_text()  # peft's card
+    return base
+
+
+def _holding(directory: Path, text: str) -> list[str]:
+    return [p.name for p in directory.iterdir() if text.encode() in p.read_bytes()]
+
+
+def test_a_lora_adapter_names_its_base_by_no_path_of_this_machine(
+    runs: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The job gave the base as an absolute path: the adapter names it by its path relative to
+    the current directory when it lies below (a copy loads from there, AutoPeftModel too), by
+    its directory's name with a note otherwise, and as --base-name gives it."""
+    from peft import AutoPeftModelForCausalLM, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from gpu_training.cli import main
+
+    root = Path(runs["root"])
+    ckpt = str(_last(runs, "lora_ddp"))
+    monkeypatch.chdir(tmp_path)  # the base lies elsewhere
+    assert main(["ckpt", "export-hf", ckpt, "named", "--adapter"]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note.startswith("note: adapter_config.json names the base 'base'"), note
+    assert "--base-name" in note
+    assert _adapter_base(tmp_path / "named") == "base"
+    argv = ["ckpt", "export-hf", ckpt, "hub", "--adapter", "--base-name", "my-org/tiny-llama"]
+    assert main(argv) == 0
+    assert "note:" not in capsys.readouterr().out
+    assert _adapter_base(tmp_path / "hub") == "my-org/tiny-llama"
+    monkeypatch.chdir(root)  # the base lies below: assets/base
+    assert main(["ckpt", "export-hf", ckpt, str(tmp_path / "here"), "--adapter"]) == 0
+    assert "note:" not in capsys.readouterr().out
+    assert _adapter_base(tmp_path / "here") == "assets/base"
+    for name in ("named", "hub", "here"):  # nor anywhere else: the pytest directory's path
+        assert not _holding(tmp_path / name, str(root.parent)), name
+
+    trained = runs["results"]["lora_ddp"]["logits"]
+    with torch.no_grad():
+        base_model = AutoModelForCausalLM.from_pretrained(runs["assets"]["base"])
+        before = PeftModel.from_pretrained(base_model, tmp_path / "here").eval()(H.PROBE).logits
+        torch.testing.assert_close(before, trained, atol=1e-6, rtol=0)
+        copied = H.copy_tree(tmp_path / "here", tmp_path / "another" / "machine")
+        shutil.rmtree(tmp_path / "here")
+        base_model = AutoModelForCausalLM.from_pretrained(runs["assets"]["base"])
+        after = PeftModel.from_pretrained(base_model, copied).eval()(H.PROBE).logits
+        assert torch.equal(after, before)
+        auto = AutoPeftModelForCausalLM.from_pretrained(copied).eval()  # base: assets/base
+        assert torch.equal(auto(H.PROBE).logits, before)
+
+
+def test_a_lora_adapter_names_its_base_as_the_job_file_wrote_it(
+    runs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model_dir: models/base`` (relative, as in configs/hf/): the adapter says the same, and
+    from the project's directory AutoPeftModel loads a copy of it with the trained logits."""
+    from peft import AutoPeftModelForCausalLM
+
+    from gpu_training.checkpoint.export_hf import export_hf
+
+    project = tmp_path / "project"
+    shutil.copytree(runs["assets"]["base"], project / "models" / "base")
+    monkeypatch.chdir(project)
+    options = H.task_options(
+        runs["assets"],
+        H.LLAMA,
+        model_dir="models/base",
+        train_files=[str(INSTRUCTIONS)],
+        prompt_field="prompt",
+        response_field="response",
+        lora=LORA,
+    )
+    job = H.job(project / "run", options, {"name": "none"}, max_steps=2, warmup_steps=0)
+    trained = H.train_one(job)["logits"]
+    adapter = export_hf(project / "run" / "checkpoints", tmp_path / "adapter", adapter=True)
+    assert _adapter_base(adapter) == "models/base"
+    assert not _holding(adapter, str(tmp_path))
+    copied = H.copy_tree(adapter, tmp_path / "copy" / "adapter")
+    shutil.rmtree(adapter)
+    with torch.no_grad():
+        auto = AutoPeftModelForCausalLM.from_pretrained(copied).eval()
+        torch.testing.assert_close(auto(H.PROBE).logits, trained, atol=1e-6, rtol=0)
 
 
 def test_a_pretrained_model_from_an_import_string_trains_and_exports(tmp_path: Path) -> None:

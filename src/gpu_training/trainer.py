@@ -341,7 +341,8 @@ class Trainer:
             ctx=ctx,
             keep_last_n=job.checkpoint.keep_last_n,
             config_hash=job.config_hash(),
-            config=job.to_dict(),
+            # the split that ran (world size, accumulation); the hash leaves the split out
+            config={**job.to_dict(), "training": cfg.to_dict()},
             trust_checkpoint=self.trust_checkpoint,
         )
         seed_everything(cfg.seed, rank=ctx.rank)  # per-rank streams (dropout)

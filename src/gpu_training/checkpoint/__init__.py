@@ -45,6 +45,7 @@ from gpu_training.checkpoint.files import (
     SHARDED_FORMAT,
     STATE_NAME,
     CheckpointError,
+    run_layout,
 )
 from gpu_training.checkpoint.keys import WRAPPER_PREFIXES, strip_wrapper_prefixes
 from gpu_training.checkpoint.manager import CheckpointManager
@@ -79,6 +80,7 @@ __all__ = [
     "find_resumable",
     "load_plain",
     "read_manifest",
+    "run_layout",
     "snapshot_state",
     "state_format",
     "strip_wrapper_prefixes",

@@ -14,7 +14,8 @@ checkpoint carries what this needs (its ``extra["hf"]``, written by the Trainer)
 input. A LoRA checkpoint holds only the adapters; they are applied to the base read from the
 ``model_dir`` the job trained on (or ``base_dir``) and merged into it, or written as a
 ``peft`` adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) with
-``adapter=True``.
+``adapter=True``, which names its base portably (``base_name``, or the job's relative
+``model_dir``): never by an absolute path of the exporting machine.
 
 The checkpoint is verified and read as :func:`~gpu_training.checkpoint.consolidate` reads
 it (``weights_only`` and allow-lists, DCP and DeepSpeed included); ``OUT_DIR`` is written
@@ -28,6 +29,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,11 @@ import torch
 from gpu_training.checkpoint.files import EXTRA_NAME, STATE_NAME, CheckpointError
 from gpu_training.checkpoint.offline import consolidate, load_plain, read_manifest, state_format
 
-__all__ = ["export_hf", "read_hf_checkpoint"]
+__all__ = ["BaseNameWarning", "export_hf", "read_hf_checkpoint"]
+
+
+class BaseNameWarning(UserWarning):
+    """An adapter export named its base by the directory's name alone: pass ``base_name``."""
 
 
 def _extra(step_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,23 +141,58 @@ def _plain_model(info: Mapping[str, Any], state: dict[str, torch.Tensor]) -> Any
     return model
 
 
-def _peft_model(
-    info: Mapping[str, Any], state: dict[str, torch.Tensor], base_dir: str | None
-) -> Any:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
+def _lora_base(info: Mapping[str, Any], base_dir: str | None) -> Path:
     base = base_dir or info.get("base_dir")
     if not base or not Path(base).is_dir():
         raise CheckpointError(
             f"the LoRA base {base!r} recorded in the checkpoint is not a directory: give the "
             "base model's directory with --base-dir"
         )
+    return Path(base)
+
+
+def _job_model_dir(manifest: Mapping[str, Any]) -> str | None:
+    """The ``hf`` task's ``model_dir`` as the job file wrote it (the manifest's job)."""
+    config = manifest.get("config")
+    if not isinstance(config, Mapping) or not isinstance(config.get("task"), Mapping):
+        return None
+    options = config.get("task_options")
+    if config["task"].get("name") != "hf" or not isinstance(options, Mapping):
+        return None
+    model_dir = options.get("model_dir")
+    return model_dir if isinstance(model_dir, str) and model_dir else None
+
+
+def _base_name(base: Path, typed: str | None) -> str:
+    """What ``adapter_config.json`` names the base: no absolute path of this machine."""
+    if typed is not None and not Path(typed).expanduser().is_absolute():
+        return typed  # as the job file (or --base-dir) wrote it, resolved against nothing
+    resolved, here = base.resolve(), Path.cwd().resolve()
+    if resolved.is_relative_to(here):
+        return resolved.relative_to(here).as_posix()
+    warnings.warn(
+        f"adapter_config.json names the base {resolved.name!r}, its directory's name ({base} "
+        "lies outside the current directory): give --base-name a Hub id or the path the "
+        "machine that loads the adapter finds the base at",
+        BaseNameWarning,
+        stacklevel=3,
+    )
+    return resolved.name
+
+
+def _peft_model(
+    info: Mapping[str, Any], state: dict[str, torch.Tensor], base: Path, name: str | None
+) -> Any:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
     settings = json.loads(info["peft"])
-    fields = {f for f in LoraConfig.__dataclass_fields__}
+    # the training's base path is not carried over: get_peft_model names the base it is given
+    fields = {f for f in LoraConfig.__dataclass_fields__} - {"base_model_name_or_path"}
     config = LoraConfig(**{k: v for k, v in settings.items() if k in fields})
-    config.base_model_name_or_path = str(base)
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32)
+    if name is not None:  # peft records the name the base was loaded by, in both files it writes
+        model.name_or_path = model.config.name_or_path = name
     peft_model = get_peft_model(model, config)
     wanted = {name for name, p in peft_model.named_parameters() if p.requires_grad}
     missing = sorted(wanted - set(state))
@@ -169,11 +210,18 @@ def export_hf(
     *,
     adapter: bool = False,
     base_dir: str | None = None,
+    base_name: str | None = None,
     max_shard_size: str | int = "5GB",
     overwrite: bool = False,
     trusted: bool = False,
 ) -> Path:
     """Write a checkpoint's model as a Hugging Face ``from_pretrained`` directory.
+
+    An adapter's ``adapter_config.json`` and model card name its base (what
+    ``AutoPeftModelForCausalLM`` loads) never by an absolute path of this machine:
+    ``base_name`` when given; else ``base_dir`` or the job's ``model_dir`` as written, when
+    relative; else the base's path relative to the current directory, when below it; else
+    its directory's name, with a :class:`BaseNameWarning`.
 
     Args:
         source: A step directory, or a checkpoint root (its newest committed checkpoint), of
@@ -181,6 +229,8 @@ def export_hf(
         out_dir: The directory to write (created; must be empty unless ``overwrite``).
         adapter: LoRA: write the adapter (``peft`` format) instead of the merged model.
         base_dir: LoRA: the base model's directory (default: the one the job trained on).
+        base_name: With ``adapter``: what ``adapter_config.json`` names the base, as given —
+            a Hub id or the path on the machine that will load the adapter.
         max_shard_size: Largest safetensors file (``"5GB"``, bytes); larger models are sharded
             with an index.
         overwrite: Replace ``out_dir`` if it holds files.
@@ -190,15 +240,20 @@ def export_hf(
         ``out_dir`` as a ``Path``.
 
     Raises:
+        ValueError: If ``base_name`` is empty or given without ``adapter``.
         CheckpointError: If the checkpoint is missing, damaged or not a Hugging Face model's;
             ``out_dir`` is not writable, not empty or inside the checkpoint; ``adapter`` is
             asked of a model without adapters; or the LoRA base is missing.
     """
+    if base_name is not None and not adapter:
+        raise ValueError("--base-name names the base in adapter_config.json: it needs --adapter")
+    if base_name is not None and not base_name.strip():
+        raise ValueError("--base-name: expected a Hub id or a path, got an empty name")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     out = Path(out_dir)
-    step_dir, _ = read_manifest(source)
+    step_dir, manifest = read_manifest(source)
     _check_out(out, overwrite, step_dir)
     step_dir, state, info = read_hf_checkpoint(step_dir, trusted=trusted)
     lora = isinstance(info.get("peft"), str)
@@ -207,9 +262,15 @@ def export_hf(
     tmp = out.resolve().parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     try:
         if lora:
-            peft_model = _peft_model(info, state, base_dir)
+            base = _lora_base(info, base_dir)
+            recorded = None
             if adapter:
-                peft_model.save_pretrained(tmp)
+                typed = base_dir if base_dir is not None else _job_model_dir(manifest)
+                recorded = base_name if base_name is not None else _base_name(base, typed)
+            peft_model = _peft_model(info, state, base, recorded)
+            if adapter:
+                # the base is never resized; "auto" would look its name up on the Hub
+                peft_model.save_pretrained(tmp, save_embedding_layers=False)
             else:
                 merged = peft_model.merge_and_unload()
                 merged.config.use_cache = True

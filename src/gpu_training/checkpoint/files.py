@@ -305,6 +305,58 @@ def build_manifest(
     return manifest
 
 
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def run_layout(manifest: Mapping[str, Any]) -> dict[str, int] | None:
+    """How the run that wrote a checkpoint split its global batch.
+
+    The Trainer records the training settings resolved for its world size (``config``'s
+    ``training``: ``world_size``, ``per_device_batch_size``, ``gradient_accumulation_steps``);
+    manifests written before recorded the job as written, for one process: their
+    accumulation is derived again from ``global_batch_size`` and the manifest's
+    ``world_size``, as the run derived it.
+
+    Args:
+        manifest: A parsed manifest.
+
+    Returns:
+        ``{"world_size", "per_device_batch_size", "gradient_accumulation_steps",
+        "global_batch_size"}``, or None when the manifest records no training settings (a
+        hand-written loop's checkpoint) or they do not add up.
+
+    Example:
+        >>> old = {"world_size": 2, "config": {"training": {"world_size": 1,
+        ...        "per_device_batch_size": 4, "gradient_accumulation_steps": 2,
+        ...        "global_batch_size": 8}}}
+        >>> list(run_layout(old).values())  # ranks, per device, accumulation, global batch
+        [2, 4, 1, 8]
+    """
+    config = manifest.get("config")
+    training = config.get("training") if isinstance(config, Mapping) else None
+    if not isinstance(training, Mapping):
+        return None
+    world = _count(manifest.get("world_size"))
+    per_device = _count(training.get("per_device_batch_size"))
+    accumulation = _count(training.get("gradient_accumulation_steps"))
+    global_batch = training.get("global_batch_size")
+    if world is None or per_device is None or accumulation is None:
+        return None
+    if global_batch is not None and training.get("world_size") != world:
+        # recorded before the split that ran was: the run derived it from the global batch
+        total = _count(global_batch)
+        if total is None or total % (per_device * world):
+            return None
+        accumulation = total // (per_device * world)
+    return {
+        "world_size": world,
+        "per_device_batch_size": per_device,
+        "gradient_accumulation_steps": accumulation,
+        "global_batch_size": per_device * accumulation * world,
+    }
+
+
 def write_manifest(directory: Path, manifest: Mapping[str, Any], *, sync: bool = True) -> None:
     """Writes ``directory/manifest.json``: the last file of a checkpoint, which makes it one.
 

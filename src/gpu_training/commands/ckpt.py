@@ -92,6 +92,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--base-dir", metavar="DIR", help="LoRA: the base model (default: the job's model_dir)"
     )
     export.add_argument(
+        "--base-name",
+        metavar="NAME",
+        help=(
+            "with --adapter: the base that adapter_config.json names, as given: a Hub id or the "
+            "path on the machine that loads it (default: the job's model_dir when relative, "
+            "else a path relative to here or the base's directory name)"
+        ),
+    )
+    export.add_argument(
         "--max-shard-size", default="5GB", metavar="SIZE", help="largest weights file (5GB)"
     )
     export.add_argument("--force", action="store_true", help="replace OUT_DIR if not empty")
@@ -108,10 +117,19 @@ def _size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _layout(layout: dict[str, int]) -> str:
+    ranks = layout["world_size"]
+    return (
+        f"{ranks} rank{'s' if ranks != 1 else ''} x {layout['per_device_batch_size']} per device "
+        f"x {layout['gradient_accumulation_steps']} accumulation = global batch "
+        f"{layout['global_batch_size']}"
+    )
+
+
 def _run_ckpt_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from gpu_training.checkpoint import CheckpointError, read_manifest, state_format
+    from gpu_training.checkpoint import CheckpointError, read_manifest, run_layout, state_format
 
     try:
         step_dir, manifest = read_manifest(args.dir)
@@ -122,11 +140,13 @@ def _run_ckpt_inspect(args: argparse.Namespace) -> int:
         return 0
     kind = state_format(manifest)
     files = manifest["files"]
+    layout = run_layout(manifest)  # none for a hand-written loop's checkpoint
     rows = [
         ("checkpoint", str(step_dir)),
         ("step", str(manifest["step"])),
         ("format", "dcp (sharded, torch.distributed.checkpoint)" if kind == "dcp" else kind),
         ("world size", str(manifest.get("world_size", "?"))),
+        *([("layout", _layout(layout))] if layout is not None else []),
         ("created", str(manifest.get("created", "?"))),
         ("torch", str(manifest.get("torch_version", "?"))),
         ("config hash", str(manifest.get("config_hash") or "-")),
@@ -182,25 +202,40 @@ def _run_ckpt_consolidate(args: argparse.Namespace) -> int:
 
 
 def _run_ckpt_export_hf(args: argparse.Namespace) -> int:
+    import warnings
+
     from gpu_training.checkpoint import CheckpointError, read_manifest
 
     try:
         step_dir, _ = read_manifest(args.dir)
-        from gpu_training.checkpoint.export_hf import export_hf  # imports transformers
+        from gpu_training.checkpoint.export_hf import BaseNameWarning, export_hf
 
-        out = export_hf(
-            step_dir,
-            args.out,
-            adapter=args.adapter,
-            base_dir=args.base_dir,
-            max_shard_size=args.max_shard_size,
-            overwrite=args.force,
-            trusted=args.trust_checkpoint,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            out = export_hf(
+                step_dir,
+                args.out,
+                adapter=args.adapter,
+                base_dir=args.base_dir,
+                base_name=args.base_name,
+                max_shard_size=args.max_shard_size,
+                overwrite=args.force,
+                trusted=args.trust_checkpoint,
+            )
     except (CheckpointError, ValueError) as err:
         raise UsageError(f"ckpt export-hf: {' '.join(str(err).split())}") from None
     except ImportError as err:
         raise UsageError(f"ckpt export-hf: {err} (pip install 'gpu-training[hf]')") from None
+    notes = []
+    for caught_warning in caught:  # ours become one line; the libraries' show as they would
+        if issubclass(caught_warning.category, BaseNameWarning):
+            notes.append(f"note: {caught_warning.message}")
+        else:
+            warnings.showwarning(
+                caught_warning.message,
+                caught_warning.category,
+                caught_warning.filename,
+                caught_warning.lineno,
+            )
     files = sorted(p.name for p in out.iterdir())
-    print(f"wrote {out} from {step_dir}: {', '.join(files)}")
+    print("\n".join([f"wrote {out} from {step_dir}: {', '.join(files)}", *notes]))
     return 0
