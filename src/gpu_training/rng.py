@@ -30,9 +30,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,6 +77,21 @@ def seed_everything(seed: int, *, rank: int = 0) -> None:
     np.random.seed(value % 2**32)
 
 
+def _mix(x: int, part: int) -> int:
+    """One splitmix64 round of ``part`` into ``x``."""
+    x = (x ^ (part & _MASK64)) & _MASK64
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+@functools.lru_cache(maxsize=64)
+def _step_prefix(seed: int, step: int) -> int:
+    # Every micro-batch of a step shares (seed, step): mixed once, not once per micro-batch.
+    return _mix(_mix(0, seed), step)
+
+
 def micro_batch_seed(seed: int, step: int, index: int) -> int:
     """A 63-bit generator seed for micro-batch ``index`` of optimizer step ``step``.
 
@@ -94,20 +110,38 @@ def micro_batch_seed(seed: int, step: int, index: int) -> int:
         >>> micro_batch_seed(0, 0, 1) != micro_batch_seed(0, 1, 0)
         True
     """
-    x = 0
-    for part in (seed, step, index):
-        x = (x ^ (part & _MASK64)) & _MASK64
-        x = (x + _GOLDEN) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-        x ^= x >> 31
-    return x >> 1
+    return _mix(_step_prefix(seed, step), index) >> 1
 
 
-@contextlib.contextmanager
+class _MicroBatchStream:
+    """The context :func:`micro_batch_rng` returns: a class, not a generator function, as it
+    is entered once per micro-batch (the contextmanager machinery cost as much as the swap)."""
+
+    __slots__ = ("_cpu_state", "_cuda", "_cuda_state", "_value")
+
+    def __init__(self, value: int, cuda: torch.Generator | None) -> None:
+        self._value = value
+        self._cuda = cuda
+        self._cpu_state: torch.Tensor | None = None
+        self._cuda_state: torch.Tensor | None = None
+
+    def __enter__(self) -> None:
+        self._cpu_state = torch.default_generator.get_state()
+        torch.default_generator.manual_seed(self._value)
+        if self._cuda is not None:
+            self._cuda_state = self._cuda.get_state()
+            self._cuda.manual_seed(self._value)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._cpu_state is not None:
+            torch.default_generator.set_state(self._cpu_state)
+        if self._cuda is not None and self._cuda_state is not None:
+            self._cuda.set_state(self._cuda_state)
+
+
 def micro_batch_rng(
     seed: int, step: int, index: int, device: torch.device | str | None = None
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """Draws inside come from the micro-batch's own stream; the previous state comes back after.
 
     Wrap a micro-batch's forward *and* backward (activation checkpointing recomputes the
@@ -123,8 +157,8 @@ def micro_batch_rng(
             holds the same samples on any world size when the per-device batch is the same.
         device: The device the forward runs on (default: CPU only).
 
-    Yields:
-        Nothing.
+    Returns:
+        A context manager (enter it once).
 
     Example:
         >>> import torch
@@ -135,24 +169,14 @@ def micro_batch_rng(
         >>> torch.equal(a, b)
         True
     """
-    value = micro_batch_seed(seed, step, index)
     cuda = None
-    if device is not None and torch.device(device).type == "cuda":
-        index_ = torch.device(device).index
-        cuda = torch.cuda.default_generators[
-            torch.cuda.current_device() if index_ is None else index_
-        ]
-    cpu_state = torch.default_generator.get_state()
-    cuda_state = cuda.get_state() if cuda is not None else None
-    torch.default_generator.manual_seed(value)
-    if cuda is not None:
-        cuda.manual_seed(value)
-    try:
-        yield
-    finally:
-        torch.default_generator.set_state(cpu_state)
-        if cuda is not None and cuda_state is not None:
-            cuda.set_state(cuda_state)
+    if device is not None and getattr(device, "type", device) != "cpu":
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            cuda = torch.cuda.default_generators[
+                torch.cuda.current_device() if dev.index is None else dev.index
+            ]
+    return _MicroBatchStream(micro_batch_seed(seed, step, index), cuda)
 
 
 def _numpy_state() -> dict[str, Any] | None:
