@@ -48,7 +48,16 @@ from gpu_training.ddp import DistributedContext, gradient_sync, move_to_device, 
 from gpu_training.rng import micro_batch_rng
 from gpu_training.tasks import count_scored
 
-__all__ = ["LossOutput", "StepFns", "step_batches", "step_fns", "sum_and_count", "train_step"]
+__all__ = [
+    "LossOutput",
+    "StepFns",
+    "global_count",
+    "global_scale",
+    "step_batches",
+    "step_fns",
+    "sum_and_count",
+    "train_step",
+]
 
 LossOutput = Tensor | tuple[Tensor, Tensor]
 """A 0-d micro-batch mean, or ``(sum over scored targets, their count)``."""
@@ -189,11 +198,10 @@ def train_step(
                 output = loss_fn(model(inputs), targets)
             if isinstance(output, tuple):
                 if total_count is None:  # every rank reaches this at the same point
-                    total_count = _global_count(batches, count_fn, ctx)
+                    total_count = global_count(batches, count_fn, ctx)
                 if check_counts:
                     _check_count(output[1], count_fn(batch[1]))
-                scale = accumulation * ctx.world_size / max(float(total_count), 1.0)
-                loss = output[0] * scale  # after 1/A and the ranks' mean: sum / global count
+                loss = output[0] * global_scale(total_count, accumulation, ctx.world_size)
             else:
                 loss = output
             steps.backward(loss)
@@ -202,10 +210,40 @@ def train_step(
     return norm, losses
 
 
-def _global_count(
+def global_scale(scored: Tensor | float, accumulation: int, world_size: int) -> float:
+    """The factor for a micro-batch's summed loss: ``sum / scored`` over the global batch.
+
+    The stepper divides each micro-batch's loss by ``accumulation`` and DDP (or FSDP) averages
+    the gradients over ``world_size`` ranks, so the sum is multiplied by
+    ``accumulation * world_size / scored``.
+
+    Args:
+        scored: Scored targets of the whole global batch (:func:`global_count`).
+        accumulation: Micro-batches per rank in the step.
+        world_size: Ranks.
+
+    Example:
+        >>> global_scale(30, accumulation=2, world_size=3)  # 1/30 after the 1/2 and the 1/3
+        0.2
+    """
+    return accumulation * world_size / max(float(scored), 1.0)
+
+
+def global_count(
     batches: Sequence[Any], count_fn: Callable[[Tensor], Tensor], ctx: DistributedContext
 ) -> Tensor:
-    """Scored targets in the whole global batch: this rank's, summed over the ranks."""
+    """Scored targets in the whole global batch: this rank's, summed over the ranks.
+
+    A collective when distributed: every rank calls it with its own micro-batches of the step.
+
+    Args:
+        batches: This rank's ``(inputs, targets)`` micro-batches of the step.
+        count_fn: Scored targets of a micro-batch's targets.
+        ctx: This rank.
+
+    Returns:
+        The count, as a 0-d float tensor.
+    """
     local = sum(int(count_fn(batch[1])) for batch in batches)
     if not ctx.is_distributed:
         return torch.tensor(float(local))

@@ -10,7 +10,8 @@
   — those that train (``grad_sync``, ``params_after_step``, ``accumulation``,
   ``checkpoint``).
 - :mod:`~gpu_training.diagnostics.verify.plan` — the run the checks share
-  (:class:`VerifyPlan`, :class:`VerifyModels`) and a check's :class:`CheckResult`;
+  (:class:`VerifyPlan`, :class:`VerifyModels`), the loss normalized as the Trainer does it
+  (:class:`LossKind`, :class:`StepLoss`) and a check's :class:`CheckResult`;
   :mod:`~gpu_training.diagnostics.verify.ranks` — gathering across ranks, comparing with
   rank 0, the DDP wrapper.
 
@@ -32,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "assert_grads_in_sync": "report",
     "verify_setup": "report",
     "CheckResult": "plan",
+    "LossKind": "plan",
+    "StepLoss": "plan",
     "VerifyModels": "plan",
     "VerifyPlan": "plan",
     "default_accumulate": "plan",
@@ -42,6 +45,8 @@ __all__ = [
     "CHECKS",
     "CheckResult",
     "GradientSyncError",
+    "LossKind",
+    "StepLoss",
     "VerifyInputError",
     "VerifyModels",
     "VerifyPlan",
@@ -59,6 +64,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from gpu_training.diagnostics.verify.launch import run_verify
     from gpu_training.diagnostics.verify.plan import (
         CheckResult,
+        LossKind,
+        StepLoss,
         VerifyModels,
         VerifyPlan,
         default_accumulate,

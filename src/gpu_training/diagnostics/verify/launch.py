@@ -105,8 +105,9 @@ def _worker(spec_json: str, result_path: str) -> None:
             report = verify_setup(
                 task.build_model,
                 train,
-                task.loss_fn,
+                task.loss_sum or task.loss_fn,  # what the Trainer trains with
                 ctx,
+                count_fn=task.count_targets,
                 batch_size=spec.batch_size,
                 accum_steps=spec.accum,
                 make_sampler=make_sampler,

@@ -22,7 +22,13 @@ passes or fails with the numbers behind the verdict:
 
 The gradient checks run the model in ``eval()`` mode: dropout would draw different masks for
 the split and the concatenated batch, and batch-norm statistics of a shard are not those of
-the whole batch (SyncBatchNorm's business, not DDP's). The checkpoint round-trip is
+the whole batch (SyncBatchNorm's business, not DDP's). They normalize the loss as the Trainer
+does (:class:`~gpu_training.diagnostics.verify.plan.LossKind`): a loss returning
+``(sum, count)`` — masked targets, e.g. instruction data's prompts — is divided by the scored
+targets of the whole batch across ranks and micro-batches, on both sides of the comparison;
+a mean loss is the mean of each micro-batch on the ranks and of the concatenation in one
+process (so a mean over masked targets, whose gradient depends on the split, fails). The
+report's :attr:`VerifyReport.loss` says which. The checkpoint round-trip is
 :class:`~gpu_training.checkpoint.CheckpointManager` with
 :func:`~gpu_training.resume.capture_training_state`, as the Trainer does it.
 
@@ -61,7 +67,9 @@ from gpu_training.diagnostics.verify.checks import check_data, check_init, check
 from gpu_training.diagnostics.verify.plan import (
     AccumulateFn,
     CheckResult,
-    LossFn,
+    CountFn,
+    TaskLossFn,
+    VerifyInputError,
     VerifyModels,
     VerifyPlan,
     default_accumulate,
@@ -74,6 +82,7 @@ from gpu_training.diagnostics.verify.training_checks import (
     check_params_after_step,
 )
 from gpu_training.process_group import collective_device
+from gpu_training.tasks import count_scored
 
 __all__ = [
     "CHECKS",
@@ -102,10 +111,6 @@ class GradientSyncError(AssertionError):
     """Gradients (or parameters) differ between ranks; the message names them."""
 
 
-class VerifyInputError(ValueError):
-    """The verify setup cannot run: too few samples, a bad sampler, an unknown check."""
-
-
 @dataclass
 class VerifyReport:
     """Every check's result and what was verified.
@@ -115,12 +120,15 @@ class VerifyReport:
         world_size: Ranks that took part.
         backend: The process-group backend (None in one process).
         setup: One line describing the run (batch, precision, tolerance).
+        loss: What the gradient checks compared: the loss's kind and normalization
+            (:meth:`~gpu_training.diagnostics.verify.plan.LossKind.describe`).
     """
 
     checks: list[CheckResult] = field(default_factory=list)
     world_size: int = 1
     backend: str | None = None
     setup: str = ""
+    loss: str = ""
 
     @property
     def passed(self) -> bool:
@@ -136,6 +144,8 @@ class VerifyReport:
     def format(self) -> str:
         """The report as ``gpu-training verify`` prints it: ``PASS``/``FAIL`` per check."""
         lines = [f"verify: {self.setup}"] if self.setup else []
+        if self.loss:
+            lines.append(f"loss: {self.loss}")
         width = max((len(c.name) for c in self.checks), default=0)
         for check in self.checks:
             verdict = "PASS" if check.passed else "FAIL"
@@ -158,7 +168,13 @@ class VerifyReport:
     def from_dict(cls, data: Mapping[str, Any]) -> VerifyReport:
         """The inverse of :meth:`to_dict`."""
         checks = [CheckResult(**c) for c in data["checks"]]
-        return cls(checks, int(data["world_size"]), data.get("backend"), data.get("setup", ""))
+        return cls(
+            checks,
+            int(data["world_size"]),
+            data.get("backend"),
+            data.get("setup", ""),
+            data.get("loss", ""),
+        )
 
 
 def assert_grads_in_sync(
@@ -204,9 +220,10 @@ def assert_grads_in_sync(
 def verify_setup(
     build_model: Callable[[], nn.Module],
     dataset: Dataset[Any],
-    loss_fn: LossFn,
+    loss_fn: TaskLossFn,
     ctx: DistributedContext,
     *,
+    count_fn: CountFn | None = None,
     batch_size: int = 4,
     accum_steps: int = 2,
     make_sampler: SamplerFn | None = None,
@@ -222,15 +239,21 @@ def verify_setup(
     Args:
         build_model: Returns a fresh model (called after ``torch.manual_seed(seed)``).
         dataset: Map-style dataset of ``(inputs, targets)`` pairs, the same on every rank.
-        loss_fn: ``loss_fn(model(inputs), targets)`` → the micro-batch mean loss.
+        loss_fn: ``loss_fn(model(inputs), targets)`` → the micro-batch mean loss, or
+            ``(sum over scored targets, their count)`` (a task's ``loss_sum``), which the
+            checks normalize over the whole batch's scored targets, as the Trainer does.
         ctx: This process's context (the process group is initialised when distributed).
+        count_fn: Scored targets of a micro-batch, for a ``(sum, count)`` loss (a task's
+            ``count_targets``; default :func:`~gpu_training.tasks.count_scored`, targets
+            that are not -100).
         batch_size: Per-device micro-batch.
         accum_steps: Micro-batches per optimizer step in the accumulation check.
         make_sampler: ``make_sampler(dataset, ctx)`` → the training sampler (an index sampler
             or a batch sampler); default: the Trainer's
             :class:`~gpu_training.data.GlobalBatchSampler`.
         accumulate: ``accumulate(model, micro_batches, loss_fn)`` runs one accumulation
-            window's forward and backward passes (the user's own loop); default
+            window's forward and backward passes (the user's own loop; ``loss_fn`` returns
+            each micro-batch's loss as the Trainer backpropagates it); default
             :func:`default_accumulate`.
         rtol: Relative gradient tolerance (of the largest reference gradient magnitude).
         atol: Absolute gradient tolerance; also the tolerance for parameters across ranks.
@@ -244,10 +267,11 @@ def verify_setup(
         The report, identical on every rank.
 
     Raises:
-        VerifyInputError: If the dataset is smaller than one global batch, or a batch size
-            is not positive.
+        VerifyInputError: If the dataset is smaller than one global batch, a batch size is
+            not positive, or the loss returns neither a mean nor ``(sum, count)`` with the
+            counts of ``count_fn``.
     """
-    plan = _plan(dataset, loss_fn, ctx, batch_size, accum_steps, rtol, atol, seed, device)
+    plan = _plan(dataset, loss_fn, ctx, batch_size, accum_steps, rtol, atol, seed, device, count_fn)
     report = VerifyReport(world_size=ctx.world_size, backend=ctx.backend, setup=plan.describe())
     sampler_fn = make_sampler if make_sampler is not None else _global_batch_sampler(plan)
     sampler = sampler_fn(dataset, ctx)
@@ -259,6 +283,7 @@ def verify_setup(
     report.checks.append(check_init(model, ctx))
 
     models = VerifyModels.build(model, plan)
+    report.loss = models.loss.describe()
     report.checks.append(check_grad_sync(plan, models))
     report.checks.append(check_params_after_step(plan, models))
     report.checks.append(check_accumulation(plan, models, accumulate or default_accumulate))
@@ -269,7 +294,7 @@ def verify_setup(
 
 def _plan(
     dataset: Dataset[Any],
-    loss_fn: LossFn,
+    loss_fn: TaskLossFn,
     ctx: DistributedContext,
     batch_size: int,
     accum_steps: int,
@@ -277,6 +302,7 @@ def _plan(
     atol: float,
     seed: int,
     device: torch.device | None,
+    count_fn: CountFn | None,
 ) -> VerifyPlan:
     """:func:`verify_setup`'s arguments checked, with the default device filled in."""
     if batch_size < 1 or accum_steps < 1:
@@ -294,7 +320,18 @@ def _plan(
         )
     if device is None:
         device = collective_device() if is_distributed(ctx) else torch.device("cpu")
-    return VerifyPlan(dataset, loss_fn, ctx, device, batch_size, accum_steps, rtol, atol, seed)
+    return VerifyPlan(
+        dataset,
+        loss_fn,
+        ctx,
+        device,
+        batch_size,
+        accum_steps,
+        rtol,
+        atol,
+        seed,
+        count_fn=count_fn or count_scored,
+    )
 
 
 def _global_batch_sampler(plan: VerifyPlan) -> SamplerFn:

@@ -9,7 +9,10 @@ Each check is a collective (every rank calls it, in
 :class:`~gpu_training.diagnostics.verify.plan.VerifyModels` one after the other. Their
 reference gradients are computed on the batches the ranks actually drew (gathered), so a
 dataset that differs per rank fails ``data``
-(:func:`~gpu_training.diagnostics.verify.checks.check_data`), not the gradient checks.
+(:func:`~gpu_training.diagnostics.verify.checks.check_data`), not the gradient checks. Each
+step's loss is a :class:`~gpu_training.diagnostics.verify.plan.StepLoss`: normalized as the
+Trainer normalizes it, on the ranks (:meth:`StepLoss.__call__`) and in the one process that
+computes the reference (:meth:`StepLoss.whole`).
 """
 
 from __future__ import annotations
@@ -126,6 +129,8 @@ def _unused_detail(names: Sequence[str]) -> str:
 def check_grad_sync(plan: VerifyPlan, models: VerifyModels) -> CheckResult:
     """``grad_sync``: one micro-batch per rank through DDP vs their concatenation in one process.
 
+    The step is one micro-batch per rank: a ``(sum, count)`` loss is divided by the scored
+    targets of all of them on the ranks, and by those of the concatenation in one process.
     Fails too, naming them, when some parameters get no gradient (``models.unused``): the
     checks then run with ``find_unused_parameters=True``, which the user's DDP lacks.
 
@@ -136,18 +141,20 @@ def check_grad_sync(plan: VerifyPlan, models: VerifyModels) -> CheckResult:
     Returns:
         The verdict, with the largest gradient difference.
     """
-    wrapped, reference, loss_fn = models.wrapped, models.reference, plan.loss_fn
+    wrapped, reference = models.wrapped, models.reference
     everyone = [b for batches in _gather_batches([models.first], plan) for b in batches]
+    loss = models.loss.for_step([models.first], plan.ctx)
     models.optimizer.zero_grad(set_to_none=True)
-    loss_fn(wrapped(models.first[0]), models.first[1]).backward()
+    loss(wrapped(models.first[0]), models.first[1]).backward()
     reference.zero_grad(set_to_none=True)
     inputs, targets = _cat(everyone)
-    loss_fn(reference(inputs), targets).backward()
+    loss.whole(reference(inputs), targets).backward()
     ok, detail = _compare_grads(wrapped, reference, plan.rtol, plan.atol, plan.ctx)
+    batch = loss.batch(len(inputs))
     verdict = (
-        f"DDP gradient vs one process on the {len(inputs)}-sample batch: {detail}"
+        f"DDP gradient vs one process on {batch}: {detail}"
         if ok
-        else f"DDP gradient != one process on the {len(inputs)}-sample batch: {detail}"
+        else f"DDP gradient != one process on {batch}: {detail}"
     )
     if models.unused:
         return CheckResult("grad_sync", False, f"{_unused_detail(models.unused)}; {verdict}")
@@ -168,9 +175,10 @@ def check_params_after_step(plan: VerifyPlan, models: VerifyModels) -> CheckResu
         The verdict; a failure names the rank and parameter that differ most.
     """
     wrapped = models.wrapped
+    loss = models.loss.for_step([models.first], plan.ctx)
     models.optimizer.zero_grad(set_to_none=True)
     wrapped.train()
-    plan.loss_fn(wrapped(models.first[0]), models.first[1]).backward()
+    loss(wrapped(models.first[0]), models.first[1]).backward()
     models.optimizer.step()
     wrapped.eval()
     results = diff_from_rank0(list(unwrap_model(wrapped).named_parameters()), plan.ctx)
@@ -199,25 +207,29 @@ def check_accumulation(
         plan: The run.
         models: The shared models, after :func:`check_params_after_step`.
         accumulate: Runs one window's forward and backward passes (the user's loop, or
-            :func:`default_accumulate`).
+            :func:`default_accumulate`), given the window's :class:`StepLoss`.
 
     Returns:
         The verdict; a failure says whether the gradient or the all-reduce count is wrong.
     """
-    ctx, loss_fn = plan.ctx, plan.loss_fn
+    ctx = plan.ctx
     wrapped, reference = models.wrapped, models.reference
     reference.load_state_dict(unwrap_model(wrapped).state_dict())
     models.optimizer.zero_grad(set_to_none=True)
     window = plan.window(1, ctx.rank)
+    loss = models.loss.for_step(window, ctx)
     models.counter.syncs = 0
-    accumulate(wrapped, window, loss_fn)
+    accumulate(wrapped, window, loss)
     syncs = models.counter.syncs
     big = [b for batches in _gather_batches(window, plan) for b in batches]
     reference.zero_grad(set_to_none=True)
     inputs, targets = _cat(big)
-    loss_fn(reference(inputs), targets).backward()
+    loss.whole(reference(inputs), targets).backward()
     ok, detail = _compare_grads(wrapped, reference, plan.rtol, plan.atol, ctx)
-    problems = [] if ok else [f"gradient != the {plan.global_batch}-sample batch's: {detail}"]
+    problems = []
+    if not ok:
+        whose = loss.batch(plan.global_batch, "'s")
+        problems.append(f"gradient != {whose}: {detail}{_mean_hint(plan, models, big)}")
     synced = gather_objects(syncs, ctx)
     if models.ddp and max(synced) > 1:
         problems.append(
@@ -229,8 +241,23 @@ def check_accumulation(
     return CheckResult(
         "accumulation",
         True,
-        f"{plan.accum_steps} micro-steps = the {plan.global_batch}-sample batch, {detail}; "
+        f"{plan.accum_steps} micro-steps = {loss.batch(plan.global_batch)}, {detail}; "
         "one all-reduce per window",
+    )
+
+
+def _mean_hint(plan: VerifyPlan, models: VerifyModels, batches: Sequence[Batch]) -> str:
+    """Why a mean loss's window may differ from the whole batch: its micro-batches score
+    different numbers of targets. Every rank holds ``batches`` (all ranks' micro-batches)."""
+    if models.loss.summed:
+        return ""
+    counts = [int(plan.count_fn(targets)) for _, targets in batches]
+    if len(set(counts)) == 1:
+        return ""
+    return (
+        f"; the loss is a mean per micro-batch and the micro-batches score {min(counts)} to "
+        f"{max(counts)} targets (-100 not scored): return (sum, count) "
+        "(gpu_training.tasks.cross_entropy_sum) and the Trainer normalizes over the whole batch"
     )
 
 
@@ -247,6 +274,7 @@ def _shared_tmpdir(ctx: DistributedContext, given: str | os.PathLike[str] | None
 
 
 def _loss(model: nn.Module, batches: Sequence[Batch], loss_fn: LossFn) -> torch.Tensor:
+    """The step's loss on this rank: the mean of its micro-batches' (normalized) losses."""
     total = torch.zeros((), dtype=torch.float64)
     for inputs, targets in batches:
         total += loss_fn(model(inputs), targets).detach().double().cpu()
@@ -291,7 +319,7 @@ def check_checkpoint(
     from gpu_training.checkpoint import CheckpointManager
     from gpu_training.resume import capture_training_state, restore_training_state
 
-    ctx, device, loss_fn = plan.ctx, plan.device, plan.loss_fn
+    ctx, device = plan.ctx, plan.device
     wrapped, optimizer = models.wrapped, models.optimizer
     directory = _shared_tmpdir(ctx, checkpoint_dir)
     try:
@@ -299,6 +327,7 @@ def check_checkpoint(
         ckpt = CheckpointManager(directory, ctx=ctx, keep_last_n=1)
         ckpt.save(capture_training_state(ctx, wrapped, optimizer, step=1), step=1)
         batches = plan.window(2, ctx.rank)
+        loss_fn = models.loss.for_step(batches, ctx)
         loss_before = _train_step(wrapped, optimizer, batches, loss_fn)
         after = {k: v.detach().clone() for k, v in unwrap_model(wrapped).state_dict().items()}
 
