@@ -86,6 +86,26 @@ def _target(importer: str, path: Path, node: ast.ImportFrom) -> str | None:
     return None
 
 
+def _import_targets(name: str, path: Path, node: ast.AST) -> list[tuple[str, list[str]]]:
+    """(imported module, names) for one import statement of our own modules, else nothing."""
+    found: list[tuple[str, list[str]]] = []
+    if isinstance(node, ast.ImportFrom):
+        target = _target(name, path, node)
+        if target is None:
+            return found
+        names = [a.name for a in node.names]
+        submodules = [f"{target}.{n}".strip(".") for n in names]
+        if any(s in MODULES for s in submodules) and target not in MODULES:
+            found += [(sub, []) for sub in submodules]
+        else:
+            found.append((target, names))
+    elif isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name.startswith("gpu_training."):
+                found.append((alias.name.removeprefix("gpu_training."), []))
+    return found
+
+
 def _imports(top_level_only: bool = False) -> list[tuple[str, str, list[str], int]]:
     """(importer, imported module, names, line) for every import of our own modules."""
     found = []
@@ -93,23 +113,45 @@ def _imports(top_level_only: bool = False) -> list[tuple[str, str, list[str], in
         tree = ast.parse(path.read_text(encoding="utf-8"))
         nodes = tree.body if top_level_only else list(ast.walk(tree))
         for node in nodes:
-            if isinstance(node, ast.ImportFrom):
-                target = _target(name, path, node)
-                if target is None:
-                    continue
-                names = [a.name for a in node.names]
-                submodules = [f"{target}.{n}".strip(".") for n in names]
-                if any(s in MODULES for s in submodules) and target not in MODULES:
-                    for sub in submodules:
-                        found.append((name, sub, [], node.lineno))
-                else:
-                    found.append((name, target, names, node.lineno))
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.startswith("gpu_training."):
-                        found.append(
-                            (name, alias.name.removeprefix("gpu_training."), [], node.lineno)
-                        )
+            for imported, names in _import_targets(name, path, node):
+                found.append((name, imported, names, node.lineno))
+    return found
+
+
+def _type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): its body never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports() -> list[tuple[str, str, bool, int]]:
+    """(importer, imported, deferred, line) for every import of our own modules that runs.
+
+    At module level, or inside a function (``deferred``: it runs at the first call); not
+    under ``if TYPE_CHECKING:``, which never runs.
+    """
+    found = []
+
+    def visit(name: str, path: Path, node: ast.AST, deferred: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _type_checking(child):
+                assert isinstance(child, ast.If)
+                for other in child.orelse:
+                    visit(name, path, other, deferred)
+                continue
+            for imported, _ in _import_targets(name, path, child):
+                found.append((name, imported, deferred, getattr(child, "lineno", 0)))
+            inner = deferred or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
+            visit(name, path, child, inner)
+
+    for name, path in MODULES.items():
+        visit(name, path, ast.parse(path.read_text(encoding="utf-8")), False)
     return found
 
 
@@ -140,14 +182,13 @@ def test_imports_run_down_the_layers() -> None:
     assert not stale, f"fixed: remove from UPWARD_ALLOWED: {stale}"
 
 
-def test_no_import_cycles_at_module_level() -> None:
-    graph: dict[str, set[str]] = defaultdict(set)
-    for importer, imported, _, _ in _imports(top_level_only=True):
-        if imported in MODULES and imported != importer and imported:
-            graph[importer].add(imported)
-    # a package's __init__ re-exporting its own modules is not a cycle with them
-    for name in list(graph):
-        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+# Imports inside a function that close a cycle today: ddp.train_one_epoch steps through `step`,
+# which builds on ddp's helpers (docs/design.md, "primitives"). checkpoint/ has none: a format
+# reader imported on first use sits below whoever imports it.
+DEFERRED_CYCLES_ALLOWED: set[tuple[str, str]] = {("ddp", "step")}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
 
@@ -163,7 +204,45 @@ def test_no_import_cycles_at_module_level() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
-    assert not cycles, f"import cycles (module level): {cycles}"
+    return cycles
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo += graph.get(node, ())
+    return False
+
+
+def test_no_import_cycles_not_even_inside_functions() -> None:
+    """Imports that run — at module level, or inside a function at its first call — form no
+    cycle. Only ``if TYPE_CHECKING:`` imports, which never run, are left out."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    module_level: set[tuple[str, str]] = set()
+    for importer, imported, inside_function, _ in _runtime_imports():
+        # a package's __init__ re-exporting its own modules is not a cycle with them
+        own = imported in MODULES and imported not in ("", importer)
+        if own and not importer.startswith(imported + "."):
+            graph[importer].add(imported)
+            if not inside_function:
+                module_level.add((importer, imported))
+    deferred = {(a, b) for a, targets in graph.items() for b in targets} - module_level
+    allowed = DEFERRED_CYCLES_ALLOWED & deferred
+    cut = {a: {b for b in targets if (a, b) not in allowed} for a, targets in graph.items()}
+    cycles = _cycles(cut)
+    inside = sorted({(c[i], c[i + 1]) for c in cycles for i in range(len(c) - 1)} & deferred)
+    assert not cycles, f"import cycles: {cycles}; imported inside a function: {inside}"
+    stale = sorted(
+        edge
+        for edge in DEFERRED_CYCLES_ALLOWED
+        if edge not in deferred or not _reaches(cut, edge[1], edge[0])
+    )
+    assert not stale, f"fixed: remove from DEFERRED_CYCLES_ALLOWED: {stale}"
 
 
 def _private_imports() -> set[tuple[str, str, str]]:

@@ -34,6 +34,7 @@ from gpu_training.checkpoint import (
 )
 from gpu_training.checkpoint.collective import save_directory
 from gpu_training.checkpoint.files import file_checksum
+from gpu_training.checkpoint.formats import DEEPSPEED
 from gpu_training.checkpoint.safe_load import check_pickles, refused_message, weights_only_loads
 from gpu_training.ddp import DistributedContext
 from train_jobs import train
@@ -155,7 +156,7 @@ def test_a_file_the_manifest_does_not_list_fails_a_multi_file_checkpoint(tmp_pat
         torch.save({"w": torch.ones(1)}, tmp / "mp_rank_00_model_states.pt")
         return {"mp_rank_00_model_states.pt"}
 
-    step_dir = save_directory(manager.store, manager.ctx, 3, write, "deepspeed", extra={"step": 3})
+    step_dir = save_directory(manager.store, manager.ctx, 3, write, DEEPSPEED, extra={"step": 3})
     assert step_dir is not None and verify_checkpoints(step_dir)[step_dir] == []
     # DeepSpeed's readers glob *_optim_states.pt: a planted file would be read unverified
     _evil_file(step_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt", tmp_path / "ran")

@@ -38,7 +38,6 @@ import errno
 import json
 import secrets
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -46,6 +45,7 @@ from gpu_training.checkpoint import (
     MANIFEST_NAME,
     CheckpointError,
     find_resumable,
+    format_of,
     strip_wrapper_prefixes,
 )
 from gpu_training.config import ConfigError
@@ -156,9 +156,11 @@ def _check_resume(
     step_dir = found.latest
     manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
     warnings = check_resumable(job, step_dir, manifest, allow_config_change=allow_config_change)
+    fmt = format_of(manifest)
     try:
-        _check_contents(step_dir, manifest, trust_checkpoint)
-        saved = _saved_shapes(step_dir, manifest)
+        # every pickle a resume would read holds plain data only (nothing is executed here)
+        fmt.check_contents(step_dir, manifest, trusted=trust_checkpoint)
+        saved = fmt.saved_shapes(step_dir, manifest)
     except CheckpointError as err:
         raise ResumeError(f"cannot resume from {step_dir}: {err}") from None
     if saved is not None:
@@ -166,49 +168,6 @@ def _check_resume(
             model = task.build_model()
         _compare_shapes(step_dir, saved, {k: tuple(v.shape) for k, v in model.state_dict().items()})
     return warnings
-
-
-def _check_contents(step_dir: Path, manifest: dict[str, Any], trust_checkpoint: bool) -> None:
-    """Every pickle a resume would read holds plain data only (nothing is executed here)."""
-    from gpu_training.checkpoint.safe_load import DEEPSPEED_SAFE_GLOBALS, check_pickles
-
-    fmt = str(manifest.get("state_format", "torch"))
-    files = [step_dir / str(e["name"]) for e in manifest["files"]]
-    pickles = [f for f in files if f.suffix == ".pt"]
-    if fmt == "deepspeed":
-        if not trust_checkpoint:
-            check_pickles([f for f in pickles if f.name != "extra.pt"], DEEPSPEED_SAFE_GLOBALS)
-        # extra.pt is read by our own weights_only loader, trusted or not
-        check_pickles([f for f in pickles if f.name == "extra.pt"], hint=None)
-        return
-    check_pickles(pickles, hint=None)  # plain and sharded files: trust changes nothing
-    if fmt == "dcp":
-        from gpu_training.checkpoint.safe_load import check_dcp_storage
-
-        check_dcp_storage(step_dir, [str(e["name"]) for e in manifest["files"]])
-
-
-def _saved_shapes(step_dir: Path, manifest: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:
-    """Parameter name -> shape of the checkpoint's model; None where it is not cheap to know."""
-    fmt = str(manifest.get("state_format", "torch"))
-    if fmt == "torch":
-        state = torch.load(step_dir / "state.pt", map_location="cpu", weights_only=True, mmap=True)
-        model_state = state.get("model_state") if isinstance(state, dict) else None
-        if not isinstance(model_state, dict):
-            raise CheckpointError(f"{step_dir / 'state.pt'} holds no model state")
-        return {k: tuple(v.shape) for k, v in strip_wrapper_prefixes(model_state).items()}
-    if fmt == "dcp":
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-        from gpu_training.checkpoint.dcp_read import read_dcp_metadata
-
-        metadata = read_dcp_metadata(step_dir / ".metadata")
-        return {
-            fqn.removeprefix("model."): tuple(meta.size)
-            for fqn, meta in metadata.state_dict_metadata.items()
-            if fqn.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-        }
-    return None  # DeepSpeed: its engine checks the shapes on every rank
 
 
 def _compare_shapes(

@@ -29,8 +29,14 @@ import torch
 from torch import nn
 
 from gpu_training.amp import MixedPrecisionStepper
+from gpu_training.checkpoint.formats import (
+    checkpoint_format,
+    format_of,
+    load_model_and_optimizer,
+    plain_training_state,
+)
 from gpu_training.config import ConfigError
-from gpu_training.ddp import DistributedContext, unwrap_model
+from gpu_training.ddp import DistributedContext
 from gpu_training.job import JobConfig
 from gpu_training.rng import gather_rng_states, restore_rng_state, seed_everything
 
@@ -90,42 +96,6 @@ def capture_training_state(
         ctx, step=step, scheduler=scheduler, amp=amp, sampler=sampler, generators=generators
     )
     return plain_training_state(run, model, optimizer, extra)
-
-
-def plain_training_state(
-    run_state: Mapping[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The plain format's one dict: the run state, the model and optimizer, the caller's extra.
-
-    Args:
-        run_state: What :func:`capture_run_state` returned.
-        model: The (possibly wrapped) model; its unwrapped ``state_dict`` is saved.
-        optimizer: Its ``state_dict`` is saved.
-        extra: Plain data of the caller's, kept under ``"extra"``.
-
-    Returns:
-        What :func:`capture_training_state` returns, and :func:`restore_training_state` reads.
-    """
-    run = dict(run_state)
-    return {
-        "step": run.pop("step"),
-        "world_size": run.pop("world_size"),
-        "model_state": unwrap_model(model).state_dict(),
-        "optimizer_state": optimizer.state_dict(),
-        **run,
-        "extra": dict(extra or {}),
-    }
-
-
-def load_model_and_optimizer(
-    state: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
-) -> None:
-    """Puts a plain state's ``model_state`` and ``optimizer_state`` back, in place."""
-    unwrap_model(model).load_state_dict(state["model_state"])
-    optimizer.load_state_dict(state["optimizer_state"])
 
 
 def capture_run_state(
@@ -240,9 +210,6 @@ class ResumeError(ConfigError):
         super().__init__(message, "checkpoint.dir")
 
 
-_FORMAT_NAMES = {"dcp": "sharded (FSDP/DCP)", "deepspeed": "DeepSpeed", "torch": "plain"}
-
-
 def check_resumable(
     job: JobConfig,
     step_dir: Path,
@@ -270,12 +237,12 @@ def check_resumable(
         ResumeError: Naming the fields that changed and ``--allow-config-change``, or the
             format mismatch.
     """
-    found = str(manifest.get("state_format", "torch"))
-    expected = job.strategy.checkpoint_format
-    if found != expected:
+    found = format_of(manifest)
+    expected = checkpoint_format(job.strategy.checkpoint_format)
+    if not expected.can_load(found):
         raise ResumeError(
-            f"{step_dir} is a {_FORMAT_NAMES.get(found, found)} checkpoint and strategy "
-            f"'{job.strategy.name}' resumes {_FORMAT_NAMES.get(expected, expected)} ones: "
+            f"{step_dir} is a {found.title} checkpoint and strategy "
+            f"'{job.strategy.name}' resumes {expected.title} ones: "
             "use the strategy it was written with, or another checkpoint.dir for a new run "
             "(gpu-training ckpt consolidate turns it into plain weights)"
         )

@@ -6,8 +6,13 @@ One owner per concern, dependencies one way (each module imports only those abov
   the manifest built, written and checked) and the durable file-system moves (a checksum while
   writing, fsync, atomic swap, locked temporaries); :mod:`~gpu_training.checkpoint.keys`
   strips wrapper prefixes from state-dict keys; :mod:`~gpu_training.checkpoint.safe_load` is
-  the trust boundary (third-party readers forced to ``weights_only`` and an allow-list; the
-  read-back check every writer runs before it commits).
+  the trust boundary (our own ``weights_only`` reader, third-party readers forced to
+  ``weights_only`` and an allow-list; the read-back check every writer runs before it
+  commits), with :mod:`~gpu_training.checkpoint.dcp_read` and
+  :mod:`~gpu_training.checkpoint.zero_read` for DCP's and DeepSpeed's files.
+- :mod:`~gpu_training.checkpoint.formats` — :class:`CheckpointFormat`, one object per format
+  (plain, sharded, DeepSpeed) and the registry (:func:`checkpoint_format`, :func:`format_of`):
+  whatever depends on the format asks it, nothing compares format names.
 - :mod:`~gpu_training.checkpoint.offline` — read-only :func:`find_checkpoint`,
   :func:`find_resumable`, :func:`read_manifest`, :func:`verify_checkpoints` for any
   checkpoint directory, and :func:`consolidate` into one ``.safetensors`` / ``.pt`` file for
@@ -47,6 +52,7 @@ from gpu_training.checkpoint.files import (
     CheckpointError,
     run_layout,
 )
+from gpu_training.checkpoint.formats import CheckpointFormat, checkpoint_format, format_of
 from gpu_training.checkpoint.keys import WRAPPER_PREFIXES, strip_wrapper_prefixes
 from gpu_training.checkpoint.manager import CheckpointManager
 from gpu_training.checkpoint.offline import (
@@ -73,11 +79,14 @@ __all__ = [
     "WRAPPER_PREFIXES",
     "CheckpointDirectory",
     "CheckpointError",
+    "CheckpointFormat",
     "CheckpointManager",
     "Resumable",
+    "checkpoint_format",
     "consolidate",
     "find_checkpoint",
     "find_resumable",
+    "format_of",
     "load_plain",
     "read_manifest",
     "run_layout",

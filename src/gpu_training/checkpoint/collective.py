@@ -21,14 +21,15 @@ DeepSpeed differ only in ``write``.
 Example:
     >>> import tempfile
     >>> from gpu_training.checkpoint.directory import CheckpointDirectory
+    >>> from gpu_training.checkpoint.formats import SHARDED
     >>> from gpu_training.ddp import DistributedContext
     >>> store, ctx = CheckpointDirectory(tempfile.mkdtemp()), DistributedContext()
     >>> def write(tmp: Path) -> set[str]:  # this rank's files, flat in tmp
     ...     _ = (tmp / "weights.bin").write_bytes(bytes(8))
     ...     return {"weights.bin"}
-    >>> save_directory(store, ctx, 7, write, "demo", extra={"step": 7}).name
+    >>> save_directory(store, ctx, 7, write, SHARDED, extra={"step": 7}).name
     'step-00000007'
-    >>> path = choose_verified(store, ctx, None, "demo")  # each rank checksums a share
+    >>> path = choose_verified(store, ctx, None, SHARDED)  # each rank checksums a share
     >>> sorted(p.name for p in path.iterdir())
     ['extra.pt', 'manifest.json', 'weights.bin']
 """
@@ -50,16 +51,14 @@ import torch.distributed as dist
 from gpu_training.checkpoint.attempt import Attempt, settle, uses_process_group
 from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
 from gpu_training.checkpoint.files import (
-    DEEPSPEED_FORMAT,
     EXTRA_NAME,
-    SHARDED_FORMAT,
     CheckpointError,
     check_step,
     entry_problem,
     file_checksum,
-    inspect_step,
 )
-from gpu_training.checkpoint.offline import state_format
+from gpu_training.checkpoint.formats import CheckpointFormat, format_of
+from gpu_training.checkpoint.offline import inspect_step
 from gpu_training.checkpoint.safe_load import check_loads_back
 from gpu_training.ddp import DistributedContext
 
@@ -127,7 +126,7 @@ def _commit_shared(
     step: int,
     entries: list[dict[str, Any]],
     written: set[str],
-    fmt: str,
+    fmt: CheckpointFormat,
 ) -> Path:
     """Rank 0: cross-checks the ranks' files, writes the manifest last, commits durably."""
     listed = {str(e["name"]) for e in entries}
@@ -146,7 +145,7 @@ def _commit_shared(
         if size != entry["size"]:
             raise CheckpointError(f"{tmp / entry['name']}: {size} bytes, expected {entry['size']}")
     # the manifest is written last: without it the directory is not a checkpoint
-    store.write_manifest(tmp, step, world_size=ctx.world_size, files=entries, state_format=fmt)
+    store.write_manifest(tmp, step, world_size=ctx.world_size, files=entries, state_format=fmt.name)
     final = store.commit(tmp, step)
     store.sync()
     return final
@@ -157,7 +156,7 @@ def save_directory(
     ctx: DistributedContext,
     step: int,
     write: Callable[[Path], set[str]],
-    fmt: str,
+    fmt: CheckpointFormat,
     *,
     extra: Mapping[str, Any] | None = None,
     prepare: Callable[[], None] | None = None,
@@ -168,14 +167,14 @@ def save_directory(
     every rank (and rank 0 writes ``extra``) — an error there reaches every rank before any
     collective in ``write``; ``write(tmp)`` writes this rank's files into ``tmp`` (flat) and
     returns the names it knows were written (checked to exist); each rank checksums its own
-    files; rank 0 writes the manifest (``"state_format": fmt``) last, commits, prunes.
+    files; rank 0 writes the manifest (``"state_format": fmt.name``) last, commits, prunes.
 
     Args:
         store: The checkpoint root (rank 0 stages, commits and prunes in it).
         ctx: This rank's identity.
         step: The step number (>= 0).
         write: Writes the state into the directory it is given; called on every rank.
-        fmt: The manifest's ``state_format``.
+        fmt: The format written (the manifest's ``state_format`` is its name).
         extra: Plain state saved by rank 0 in ``extra.pt`` (``weights_only``-loadable).
         prepare: Work that may fail per rank before ``write``'s collectives start.
 
@@ -267,25 +266,8 @@ def _verify_shared(ctx: DistributedContext, path: Path, manifest: dict[str, Any]
     return [p for rank_problems in every for p in rank_problems]
 
 
-_FORMAT_LOADERS = {
-    SHARDED_FORMAT: "CheckpointManager.load_sharded()",
-    DEEPSPEED_FORMAT: "CheckpointManager.load_deepspeed()",
-}
-
-
-_FORMAT_NAMES = {SHARDED_FORMAT: "sharded (DCP)", DEEPSPEED_FORMAT: "DeepSpeed"}
-
-
-def _loader_for(fmt: str) -> str:
-    return _FORMAT_LOADERS.get(fmt, "CheckpointManager.load()")
-
-
-def _kind(fmt: str) -> str:
-    return _FORMAT_NAMES.get(fmt, "plain")
-
-
 def _candidates(
-    store: CheckpointDirectory, path_or_step: PathOrStep | None, fmt: str
+    store: CheckpointDirectory, path_or_step: PathOrStep | None, fmt: CheckpointFormat
 ) -> list[tuple[Path, dict[str, Any]]]:
     """Rank 0's view: (step dir, manifest) to try, newest first; raises if there are none."""
     if path_or_step is not None:
@@ -293,24 +275,24 @@ def _candidates(
         manifest, problems = inspect_step(path, checksums=False)
         if manifest is None or problems:
             raise CheckpointError(f"refusing to load {path}: " + "; ".join(problems))
-        found = state_format(manifest)
-        if found != fmt:
+        found = format_of(manifest)
+        if found is not fmt:
             raise CheckpointError(
-                f"{path} is a {_kind(found)} checkpoint, not {_kind(fmt)}: load it with "
-                f"{_loader_for(found)}, not {_loader_for(fmt)}"
+                f"{path} is a {found.title} checkpoint, not {fmt.title}: load it with "
+                f"{found.loader}, not {fmt.loader}"
             )
         return [(path, manifest)]
     found_dirs = []
     damaged: list[str] = []
     for _, path in reversed(store.step_dirs()):
         manifest, problems = inspect_step(path, checksums=False)
-        if manifest is not None and not problems and state_format(manifest) == fmt:
+        if manifest is not None and not problems and format_of(manifest) is fmt:
             found_dirs.append((path, manifest))
         elif problems:
             damaged.append(f"{path.name}: {problems[0]}")
     if not found_dirs:
         why = f" (damaged: {'; '.join(damaged)})" if damaged else ""
-        raise CheckpointError(f"no committed {_kind(fmt)} checkpoint in {store.root}{why}")
+        raise CheckpointError(f"no committed {fmt.title} checkpoint in {store.root}{why}")
     return found_dirs
 
 
@@ -318,7 +300,7 @@ def choose_verified(
     store: CheckpointDirectory,
     ctx: DistributedContext,
     path_or_step: PathOrStep | None,
-    fmt: str,
+    fmt: CheckpointFormat,
 ) -> Path:
     """The checkpoint of format ``fmt`` to load, its checksums verified; every rank.
 
@@ -329,7 +311,7 @@ def choose_verified(
         store: The checkpoint root.
         ctx: This rank's identity.
         path_or_step: A checkpoint directory, a step number, or None for the newest.
-        fmt: The ``state_format`` the checkpoint must have.
+        fmt: The format the checkpoint must have.
 
     Returns:
         The step directory to load, the same on every rank.
@@ -338,7 +320,7 @@ def choose_verified(
         CheckpointError: On every rank, if there is none, or the one asked for is damaged
             or of another format.
     """
-    what = f"could not load a {_kind(fmt)} checkpoint from {store.root}"
+    what = f"could not load a {fmt.title} checkpoint from {store.root}"
     candidates: list[tuple[Path, dict[str, Any]]] = []
     with Attempt() as find:
         if ctx.is_main_process:
@@ -355,7 +337,7 @@ def choose_verified(
     return store.newest_verified(
         [path for path, _ in candidates],
         problems_of,
-        nothing=f"no valid {fmt!r} checkpoint in {store.root}",
+        nothing=f"no valid {fmt.name!r} checkpoint in {store.root}",
         warn=ctx.is_main_process,  # the same warning once, from rank 0
         stacklevel=4,
     )

@@ -2,7 +2,8 @@
 
 DCP stores its index, ``.metadata``, as a pickle and unpickles non-tensor values (optimizer
 hyper-parameters...) with ``weights_only=False``. Everything that touches those bytes is
-here, in one place to audit: the allowlisting unpickler for ``.metadata``, a
+here, in one place to audit: the allowlisting unpickler for ``.metadata``, the check that
+the index reads only the checkpoint's own files (:func:`check_dcp_storage`), a
 ``FileSystemReader`` that uses it, a load planner that checks every non-tensor value with
 ``torch.load(weights_only=True)`` before DCP unpickles it, and :func:`load_everything`, the
 whole-checkpoint read that offline consolidation uses (no process group, no model). It is a
@@ -38,19 +39,20 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from gpu_training.checkpoint.attempt import CAUGHT, describe_error
 from gpu_training.checkpoint.files import CheckpointError
-from gpu_training.checkpoint.safe_load import weights_only_loads
+from gpu_training.checkpoint.safe_load import refused_message, weights_only_loads
 
-__all__ = ["load_everything"]
+__all__ = ["check_dcp_storage", "load_everything", "read_dcp_metadata"]
 
 _DCP_METADATA = ".metadata"
 
@@ -109,6 +111,52 @@ def read_dcp_metadata(path: Path) -> Metadata:
     return metadata
 
 
+def check_dcp_storage(step_dir: Path, files: Iterable[str]) -> None:
+    """A DCP checkpoint's index reads only its own ``files``, and its pickled values are data.
+
+    DCP's ``.metadata`` says which file and byte range holds each value, and DCP opens
+    ``step_dir / relative_path`` as written: a hostile index could read any file on the
+    machine into the weights. Its non-tensor values are unpickled with ``weights_only=False``
+    by DCP: each is checked here with ``weights_only=True`` first (the load planners check
+    them again), so that the refusal names the file before any reader starts.
+
+    Args:
+        step_dir: A sharded (``"dcp"``) step directory.
+        files: The names its manifest lists (and vouches for).
+
+    Raises:
+        CheckpointError: The index names a file outside ``files``, or a value holds objects
+            outside the ``weights_only`` allow-list (nothing is executed), naming both.
+    """
+    metadata = read_dcp_metadata(step_dir / ".metadata")
+    listed = set(files)
+    values = {
+        fqn
+        for fqn, meta in metadata.state_dict_metadata.items()
+        if isinstance(meta, BytesStorageMetadata)
+    }
+    for index, info in (metadata.storage_data or {}).items():
+        name = str(info.relative_path)
+        if name not in listed:
+            raise CheckpointError(
+                f"{step_dir / '.metadata'}: {index.fqn!r} is stored in {name!r}, which is not "
+                "a file of this checkpoint's manifest (refusing to read outside it)"
+            )
+        if index.fqn not in values or getattr(info, "transform_descriptors", None):
+            continue  # tensors load with weights_only; transformed bytes: the planner checks
+        with open(step_dir / name, "rb") as f:
+            f.seek(info.offset)
+            blob = f.read(info.length)
+        try:
+            torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            refusal = refused_message(step_dir / name, exc, hint=None)
+            detail = (refusal or "").removeprefix("refused to read ") or (
+                f"{step_dir / name}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            )
+            raise CheckpointError(f"refused to load {index.fqn!r} from {detail}") from exc
+
+
 class SafeReader(FileSystemReader):
     """A ``FileSystemReader`` whose metadata goes through :func:`read_dcp_metadata`."""
 
@@ -128,8 +176,6 @@ def _check_bytes(read_item: ReadItem, value: io.BytesIO, where: str) -> None:
     DCP unpickles non-tensor values (optimizer hyper-parameters...) with
     ``weights_only=False``, so this check runs first, on the same bytes.
     """
-    from gpu_training.checkpoint.safe_load import refused_message
-
     try:
         torch.load(value, map_location="cpu", weights_only=True)
     except Exception as exc:

@@ -49,14 +49,13 @@ from gpu_training.checkpoint.files import (
     check_step,
     exchange,
     fsync_dir,
-    inspect_step,
     make_locked_tmp,
     scan_step_dirs,
     step_name,
     try_lock,
     write_manifest,
 )
-from gpu_training.checkpoint.offline import Resumable, find_resumable
+from gpu_training.checkpoint.offline import Resumable, find_resumable, inspect_step
 
 __all__ = ["CheckpointDirectory", "PathOrStep"]
 

@@ -36,23 +36,15 @@ from typing import Any
 
 import torch
 
-from gpu_training.checkpoint.files import EXTRA_NAME, STATE_NAME, CheckpointError
-from gpu_training.checkpoint.offline import consolidate, load_plain, read_manifest, state_format
+from gpu_training.checkpoint.files import CheckpointError
+from gpu_training.checkpoint.formats import format_of
+from gpu_training.checkpoint.offline import consolidate, read_manifest
 
 __all__ = ["BaseNameWarning", "export_hf", "read_hf_checkpoint"]
 
 
 class BaseNameWarning(UserWarning):
     """An adapter export named its base by the directory's name alone: pass ``base_name``."""
-
-
-def _extra(step_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
-    if state_format(manifest) == "torch":
-        state = load_plain(step_dir / STATE_NAME)
-        extra = state.get("extra") if isinstance(state, dict) else None
-    else:
-        extra = load_plain(step_dir / EXTRA_NAME) if (step_dir / EXTRA_NAME).exists() else None
-    return dict(extra) if isinstance(extra, Mapping) else {}
 
 
 def read_hf_checkpoint(
@@ -77,7 +69,7 @@ def read_hf_checkpoint(
         # consolidate verifies checksums and reads every format behind the allow-lists
         weights = consolidate(step_dir, Path(tmp) / "model.pt", trusted=trusted)
         model_state = torch.load(weights, map_location="cpu", weights_only=True)
-    info = _extra(step_dir, manifest).get("hf")
+    info = format_of(manifest).read_extra(step_dir).get("hf")
     if not isinstance(info, Mapping) or not isinstance(info.get("config"), str):
         raise CheckpointError(
             f"{step_dir} holds no Hugging Face model (no 'hf' entry in its extra state): only "

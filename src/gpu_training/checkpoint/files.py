@@ -413,7 +413,7 @@ def scan_step_dirs(root: Path) -> list[tuple[int, Path]]:
 # manifest checks
 
 
-def _manifest_problems(manifest: Any, path: Path) -> list[str]:
+def manifest_problems(manifest: Any, path: Path) -> list[str]:
     """Structural problems of a parsed manifest (files are not looked at)."""
     if not isinstance(manifest, dict):
         return [f"{path / MANIFEST_NAME}: not a JSON object"]
@@ -454,54 +454,6 @@ def _manifest_problems(manifest: Any, path: Path) -> list[str]:
                 "name, size and checksum 'xxh3:<16 hex digits>' or 'crc32:<8 hex digits>')"
             )
     return problems
-
-
-_MULTI_FILE_FORMATS = (SHARDED_FORMAT, DEEPSPEED_FORMAT)
-"""Formats whose third-party readers find files by name pattern, not through the manifest."""
-
-
-def _unlisted_problems(path: Path, manifest: Mapping[str, Any]) -> list[str]:
-    """Files in a DCP/DeepSpeed step directory that the manifest does not vouch for.
-
-    Their readers glob the directory (``*_optim_states.pt``...), so a file nobody checksummed
-    would be read unverified.
-    """
-    if manifest.get("state_format") not in _MULTI_FILE_FORMATS:
-        return []
-    listed = {entry["name"] for entry in manifest["files"]} | {MANIFEST_NAME}
-    try:
-        names = sorted(os.listdir(path))
-    except OSError as exc:
-        return [f"{path}: cannot list it ({exc.strerror})"]
-    return [
-        f"{path / name}: not listed in the manifest (its reader would read it unverified)"
-        for name in names
-        if name not in listed
-    ]
-
-
-def inspect_step(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, list[str]]:
-    """Reads and checks ``path``'s manifest and files; returns (manifest or None, problems)."""
-    if not path.is_dir():
-        return None, [f"{path}: no such checkpoint directory"]
-    manifest_path = path / MANIFEST_NAME
-    if manifest_path.is_symlink():
-        return None, [f"{manifest_path}: a symbolic link (a checkpoint's files must be inside it)"]
-    try:
-        manifest = json.loads(manifest_path.read_bytes())
-    except FileNotFoundError:
-        return None, [f"{manifest_path}: missing (the checkpoint was never committed)"]
-    except (OSError, ValueError) as exc:
-        return None, [f"{manifest_path}: unreadable ({exc})"]
-    problems = _manifest_problems(manifest, path)
-    if problems:
-        return None, problems
-    for entry in manifest["files"]:
-        problem = entry_problem(path, entry, checksums=checksums)
-        if problem is not None:
-            problems.append(problem)
-    problems += _unlisted_problems(path, manifest)
-    return manifest, problems
 
 
 def entry_problem(path: Path, entry: Mapping[str, Any], *, checksums: bool) -> str | None:

@@ -1,13 +1,14 @@
 """Checkpoint directories offline: find, inspect, verify and consolidate, without a manager.
 
 For use outside a training job (no process group, no model). Everything here is read-only on
-the checkpoint directory — unlike
-:meth:`CheckpointManager.latest`, nothing is cleaned up — and works on plain
-(``state.pt``) and sharded (DCP, :mod:`~gpu_training.checkpoint.sharded`) checkpoints alike.
-It backs ``gpu-training ckpt inspect / verify / consolidate``:
+the checkpoint directory — unlike :meth:`CheckpointManager.latest`, nothing is cleaned up —
+and works on every format alike: what differs, it asks the manifest's format
+(:func:`~gpu_training.checkpoint.formats.format_of`). It backs ``gpu-training ckpt inspect /
+verify / consolidate``:
 
 - :func:`find_checkpoint`, :func:`read_manifest`: a step directory, or a root's newest
-  committed one, and its manifest;
+  committed one, and its manifest; :func:`inspect_step`: one step directory checked against
+  its manifest, the check every reader of the package runs;
 - :func:`verify_checkpoints`: sizes and checksums of one step or every step;
 - :func:`consolidate`: one ``.safetensors`` or ``.pt`` file with unwrapped keys, loadable into
   a plain model, written atomically.
@@ -27,8 +28,8 @@ Example:
     >>> ckpt = CheckpointManager(root, ctx=DistributedContext())
     >>> _ = ckpt.save({"model_state": model.state_dict(), "epoch": 1}, step=3)
     >>> step_dir, manifest = read_manifest(root)  # the newest committed step
-    >>> step_dir.name, manifest["step"], state_format(manifest)
-    ('step-00000003', 3, 'torch')
+    >>> step_dir.name, manifest["step"], format_of(manifest).title
+    ('step-00000003', 3, 'plain')
     >>> verify_checkpoints(root)  # step dir -> problems
     {PosixPath('.../step-00000003'): []}
     >>> out = consolidate(root, root / "model.pt")  # the model weights, nothing else
@@ -38,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -48,19 +50,16 @@ from typing import IO, Any, NamedTuple, cast
 import torch
 
 from gpu_training.checkpoint.files import (
-    DEEPSPEED_FORMAT,
-    EXTRA_NAME,
     MANIFEST_NAME,
-    SHARDED_FORMAT,
-    STATE_NAME,
     STEP_RE,
     CheckpointError,
+    entry_problem,
     fsync_dir,
-    inspect_step,
+    manifest_problems,
     scan_step_dirs,
 )
-from gpu_training.checkpoint.keys import strip_wrapper_prefixes
-from gpu_training.checkpoint.safe_load import check_dcp_storage, refused_message
+from gpu_training.checkpoint.formats import format_of, state_format
+from gpu_training.checkpoint.safe_load import load_plain
 
 __all__ = [
     "CONSOLIDATED_SUFFIXES",
@@ -68,6 +67,7 @@ __all__ = [
     "consolidate",
     "find_checkpoint",
     "find_resumable",
+    "inspect_step",
     "load_plain",
     "read_manifest",
     "state_format",
@@ -78,46 +78,57 @@ CONSOLIDATED_SUFFIXES = (".safetensors", ".pt", ".pth")
 """Output file types :func:`consolidate` writes."""
 
 
-def state_format(manifest: Mapping[str, Any]) -> str:
-    """``"dcp"`` for a sharded checkpoint, ``"deepspeed"`` for DeepSpeed's, ``"torch"`` else.
-
-    Args:
-        manifest: A checkpoint's parsed ``manifest.json``.
-
-    Returns:
-        The format of the state files the manifest lists.
-    """
-    return str(manifest.get("state_format", "torch"))
-
-
-def load_plain(file: Path) -> dict[str, Any]:
-    """``torch.load(file, weights_only=True)``, which must hold a dict.
-
-    Args:
-        file: A ``state.pt`` or ``extra.pt``.
-
-    Returns:
-        The dict it holds, tensors on the CPU.
-
-    Raises:
-        CheckpointError: If the file cannot be read, holds objects outside torch's
-            ``weights_only`` allowlist (nothing is executed), or does not hold a dict.
-    """
-    try:
-        value = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        # torch's own text suggests weights_only=False: the one advice not to give here
-        message = refused_message(file, exc, hint=None)  # weights_only, whatever the trust
-        if message is None:
-            message = f"could not load {file}: {type(exc).__name__}: {' '.join(str(exc).split())}"
-        raise CheckpointError(message) from exc
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{file} holds a {type(value).__name__}, expected a dict")
-    return value
-
-
 # ----------------------------------------------------------------------------------------------
 # finding and checking checkpoints (read-only: nothing is cleaned up)
+
+
+def _unlisted_problems(path: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """Files in the step directory that the manifest does not vouch for, where that matters.
+
+    The DCP and DeepSpeed readers glob the directory (``*_optim_states.pt``...), so a file
+    nobody checksummed would be read unverified (the format's ``lists_every_file``).
+    """
+    if not format_of(manifest).lists_every_file:
+        return []
+    listed = {entry["name"] for entry in manifest["files"]} | {MANIFEST_NAME}
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        return [f"{path}: cannot list it ({exc.strerror})"]
+    return [
+        f"{path / name}: not listed in the manifest (its reader would read it unverified)"
+        for name in names
+        if name not in listed
+    ]
+
+
+def inspect_step(path: Path, *, checksums: bool) -> tuple[dict[str, Any] | None, list[str]]:
+    """Reads and checks ``path``'s manifest and files; returns (manifest or None, problems).
+
+    Args:
+        path: A step directory.
+        checksums: Also hash every file (one read of each); else sizes only.
+    """
+    if not path.is_dir():
+        return None, [f"{path}: no such checkpoint directory"]
+    manifest_path = path / MANIFEST_NAME
+    if manifest_path.is_symlink():
+        return None, [f"{manifest_path}: a symbolic link (a checkpoint's files must be inside it)"]
+    try:
+        manifest = json.loads(manifest_path.read_bytes())
+    except FileNotFoundError:
+        return None, [f"{manifest_path}: missing (the checkpoint was never committed)"]
+    except (OSError, ValueError) as exc:
+        return None, [f"{manifest_path}: unreadable ({exc})"]
+    problems = manifest_problems(manifest, path)
+    if problems:
+        return None, problems
+    for entry in manifest["files"]:
+        problem = entry_problem(path, entry, checksums=checksums)
+        if problem is not None:
+            problems.append(problem)
+    problems += _unlisted_problems(path, manifest)
+    return manifest, problems
 
 
 def _is_step_dir(path: Path) -> bool:
@@ -271,38 +282,6 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> dict[Path, list[str]]:
 # consolidation
 
 
-def _full_state(
-    step_dir: Path, manifest: Mapping[str, Any], *, trusted: bool = False
-) -> dict[str, Any]:
-    """``{"model_state", "optimizer_state"?, "extra"?}`` from a sharded or plain checkpoint."""
-    if state_format(manifest) == SHARDED_FORMAT:
-        from gpu_training.checkpoint.dcp_read import load_everything  # DCP is slow to import
-
-        check_dcp_storage(step_dir, [str(e["name"]) for e in manifest["files"]])
-        loaded = load_everything(step_dir)
-        out: dict[str, Any] = {"model_state": loaded.get("model")}
-        if "optim" in loaded:
-            out["optimizer_state"] = loaded["optim"]
-        if (step_dir / EXTRA_NAME).exists():
-            out["extra"] = load_plain(step_dir / EXTRA_NAME)
-    elif state_format(manifest) == DEEPSPEED_FORMAT:
-        from gpu_training.checkpoint.zero import deepspeed_model_state  # imports DeepSpeed
-
-        out = {"model_state": deepspeed_model_state(step_dir, trusted=trusted)}
-        if (step_dir / EXTRA_NAME).exists():
-            out["extra"] = load_plain(step_dir / EXTRA_NAME)
-    else:
-        state = load_plain(step_dir / STATE_NAME)
-        out = {k: state[k] for k in ("model_state", "optimizer_state") if k in state}
-        extra = {k: v for k, v in state.items() if k not in out}
-        if extra:
-            out["extra"] = extra
-    if not isinstance(out.get("model_state"), Mapping):
-        raise CheckpointError(f"{step_dir} holds no model state ('model_state')")
-    out["model_state"] = strip_wrapper_prefixes(out["model_state"])
-    return out
-
-
 def _safetensors_dict(model_state: Mapping[str, Any], step_dir: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     storages: set[tuple[int, int]] = set()
@@ -405,7 +384,7 @@ def consolidate(
     problems = inspect_step(step_dir, checksums=True)[1]
     if problems:
         raise CheckpointError(f"refusing to consolidate {step_dir}: " + "; ".join(problems))
-    state = _full_state(step_dir, manifest, trusted=trusted)
+    state = format_of(manifest).full_state(step_dir, manifest, trusted=trusted)
     tmp = out.with_name(f".{out.name}.tmp-{secrets.token_hex(4)}")
     try:
         if out.suffix == ".safetensors":

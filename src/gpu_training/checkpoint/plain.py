@@ -53,9 +53,9 @@ from gpu_training.checkpoint.files import (
     HashingWriter,
     check_step,
     fsync_dir,
-    inspect_step,
 )
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
+from gpu_training.checkpoint.offline import inspect_step
 from gpu_training.checkpoint.safe_load import check_loads_back, refused_message
 from gpu_training.checkpoint.snapshot import Snapshot, StagingBuffers, snapshot_state
 from gpu_training.ddp import DistributedContext

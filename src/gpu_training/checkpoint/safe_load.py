@@ -1,13 +1,14 @@
 """The trust boundary around third-party checkpoint readers: they unpickle only plain data.
 
-Our own readers call ``torch.load(weights_only=True)``. DeepSpeed's (``engine.load_checkpoint``,
-``zero_to_fp32``) and DCP's call ``torch.load(weights_only=False)`` on files whose names the
-checkpoint's author chooses, and an AST ban on our own calls cannot see theirs. While
-:func:`weights_only_loads` is active every ``torch.load`` in the process is forced to
-``weights_only=True`` (torch's own ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch, which overrides
-an explicit ``weights_only=False``), with a short allow-list of the plain-data classes
-DeepSpeed's optimizer files hold (:data:`DEEPSPEED_SAFE_GLOBALS`). A file holding anything
-else is refused, and nothing in it runs.
+Our own readers call ``torch.load(weights_only=True)`` (:func:`load_plain`). DeepSpeed's
+(``engine.load_checkpoint``, ``zero_to_fp32``) and DCP's call ``torch.load(weights_only=False)``
+on files whose names the checkpoint's author chooses, and an AST ban on our own calls cannot
+see theirs. While :func:`weights_only_loads` is active every ``torch.load`` in the process is
+forced to ``weights_only=True`` (torch's own ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch, which
+overrides an explicit ``weights_only=False``), with a short allow-list of the plain-data
+classes DeepSpeed's optimizer files hold (:data:`DEEPSPEED_SAFE_GLOBALS`). A file holding
+anything else is refused, and nothing in it runs. What reads DCP's and DeepSpeed's files
+through it: :mod:`~gpu_training.checkpoint.dcp_read`, :mod:`~gpu_training.checkpoint.zero_read`.
 
 A checkpoint that needs more than that can still be read by whoever trusts its source:
 ``trusted=True`` in the Python API, ``--trust-checkpoint`` on the command line.
@@ -38,9 +39,9 @@ from typing import Any
 __all__ = [
     "DEEPSPEED_SAFE_GLOBALS",
     "TRUST_HINT",
-    "check_dcp_storage",
     "check_loads_back",
     "check_pickles",
+    "load_plain",
     "refused_message",
     "weights_only_loads",
 ]
@@ -181,6 +182,36 @@ def check_pickles(
             raise CheckpointError(message) from exc
 
 
+def load_plain(file: Path) -> dict[str, Any]:
+    """``torch.load(file, weights_only=True)``, which must hold a dict.
+
+    Args:
+        file: A ``state.pt`` or ``extra.pt``.
+
+    Returns:
+        The dict it holds, tensors on the CPU.
+
+    Raises:
+        CheckpointError: If the file cannot be read, holds objects outside torch's
+            ``weights_only`` allowlist (nothing is executed), or does not hold a dict.
+    """
+    import torch
+
+    from gpu_training.checkpoint.files import CheckpointError
+
+    try:
+        value = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        # torch's own text suggests weights_only=False: the one advice not to give here
+        message = refused_message(file, exc, hint=None)  # weights_only, whatever the trust
+        if message is None:
+            message = f"could not load {file}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        raise CheckpointError(message) from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file} holds a {type(value).__name__}, expected a dict")
+    return value
+
+
 def check_loads_back(load: Callable[[], object], subject: str) -> None:
     """Refuses to write state that ``torch.load(weights_only=True)`` could never read back.
 
@@ -209,60 +240,6 @@ def check_loads_back(load: Callable[[], object], subject: str) -> None:
             f"numpy arrays with torch.from_numpy), or allow a type with "
             f"torch.serialization.add_safe_globals. torch says: {reason}"
         ) from exc
-
-
-def check_dcp_storage(step_dir: Path, files: Iterable[str]) -> None:
-    """A DCP checkpoint's index reads only its own ``files``, and its pickled values are data.
-
-    DCP's ``.metadata`` says which file and byte range holds each value, and DCP opens
-    ``step_dir / relative_path`` as written: a hostile index could read any file on the
-    machine into the weights. Its non-tensor values are unpickled with ``weights_only=False``
-    by DCP: each is checked here with ``weights_only=True`` first (the load planners check
-    them again), so that the refusal names the file before any reader starts.
-
-    Args:
-        step_dir: A sharded (``"dcp"``) step directory.
-        files: The names its manifest lists (and vouches for).
-
-    Raises:
-        CheckpointError: The index names a file outside ``files``, or a value holds objects
-            outside the ``weights_only`` allow-list (nothing is executed), naming both.
-    """
-    import io
-
-    import torch
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
-    from gpu_training.checkpoint.dcp_read import read_dcp_metadata
-    from gpu_training.checkpoint.files import CheckpointError
-
-    metadata = read_dcp_metadata(step_dir / ".metadata")
-    listed = set(files)
-    values = {
-        fqn
-        for fqn, meta in metadata.state_dict_metadata.items()
-        if isinstance(meta, BytesStorageMetadata)
-    }
-    for index, info in (metadata.storage_data or {}).items():
-        name = str(info.relative_path)
-        if name not in listed:
-            raise CheckpointError(
-                f"{step_dir / '.metadata'}: {index.fqn!r} is stored in {name!r}, which is not "
-                "a file of this checkpoint's manifest (refusing to read outside it)"
-            )
-        if index.fqn not in values or getattr(info, "transform_descriptors", None):
-            continue  # tensors load with weights_only; transformed bytes: the planner checks
-        with open(step_dir / name, "rb") as f:
-            f.seek(info.offset)
-            blob = f.read(info.length)
-        try:
-            torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            refusal = refused_message(step_dir / name, exc, hint=None)
-            detail = (refusal or "").removeprefix("refused to read ") or (
-                f"{step_dir / name}: {type(exc).__name__}: {_short(exc)}"
-            )
-            raise CheckpointError(f"refused to load {index.fqn!r} from {detail}") from exc
 
 
 def _short(exc: BaseException) -> str:

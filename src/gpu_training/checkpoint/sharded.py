@@ -70,6 +70,7 @@ from gpu_training.checkpoint.collective import check_plain, choose_verified, sav
 from gpu_training.checkpoint.dcp_read import (
     SafeLoadPlanner,
     SafeReader,
+    check_dcp_storage,
     load_everything,
 )
 from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
@@ -79,8 +80,8 @@ from gpu_training.checkpoint.files import (
     SHARDED_FORMAT,
     CheckpointError,
 )
-from gpu_training.checkpoint.offline import load_plain
-from gpu_training.checkpoint.safe_load import check_dcp_storage, weights_only_loads
+from gpu_training.checkpoint.formats import SHARDED
+from gpu_training.checkpoint.safe_load import load_plain, weights_only_loads
 from gpu_training.ddp import DistributedContext
 
 __all__ = ["EXTRA_NAME", "SHARDED_FORMAT", "load_everything", "load_sharded", "save_sharded"]
@@ -172,7 +173,7 @@ def save_sharded(
             metadata = dcp.save(state, storage_writer=FileSystemWriter(tmp))
         return {info.relative_path for info in (metadata.storage_data or {}).values()}
 
-    return save_directory(store, ctx, step, write, SHARDED_FORMAT, extra=extra, prepare=gather)
+    return save_directory(store, ctx, step, write, SHARDED, extra=extra, prepare=gather)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def load_sharded(
             plain checkpoint, does not match the model or optimizer, or any rank failed.
     """
     uses_process_group(ctx)
-    chosen = choose_verified(store, ctx, path_or_step, SHARDED_FORMAT)
+    chosen = choose_verified(store, ctx, path_or_step, SHARDED)
     what = f"could not load {chosen}"
 
     state: dict[str, Any] = {}

@@ -13,9 +13,10 @@ Trust: DeepSpeed loads its files with ``torch.load(weights_only=False)``. Here i
 inside :func:`~gpu_training.checkpoint.safe_load.weights_only_loads`, which forces every load
 to ``weights_only=True`` with an allow-list of the plain-data classes DeepSpeed pickles, and
 every ``.pt`` file is checked first so that a refusal names the file: a file holding anything
-else is refused and nothing in it runs. ``trusted=True`` (``--trust-checkpoint``) lets
-DeepSpeed unpickle as it likes, for checkpoints from a source you trust. For weights to
-share, consolidate into ``.safetensors`` (``gpu-training ckpt consolidate``).
+else is refused and nothing in it runs (:mod:`~gpu_training.checkpoint.zero_read`, shared with
+the offline reader). ``trusted=True`` (``--trust-checkpoint``) lets DeepSpeed unpickle as it
+likes, for checkpoints from a source you trust. For weights to share, consolidate into
+``.safetensors`` (``gpu-training ckpt consolidate``).
 
 Example:
     >>> ckpt = CheckpointManager("checkpoints", ctx=ctx)  # doctest: +SKIP
@@ -25,14 +26,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from gpu_training.checkpoint.attempt import Attempt, settle, uses_process_group
 from gpu_training.checkpoint.collective import choose_verified, save_directory
@@ -43,31 +40,18 @@ from gpu_training.checkpoint.files import (
     MANIFEST_NAME,
     CheckpointError,
 )
-from gpu_training.checkpoint.offline import load_plain
-from gpu_training.checkpoint.safe_load import (
-    DEEPSPEED_SAFE_GLOBALS,
-    check_pickles,
-    refused_message,
-    weights_only_loads,
+from gpu_training.checkpoint.formats import DEEPSPEED
+from gpu_training.checkpoint.safe_load import load_plain
+from gpu_training.checkpoint.zero_read import (
+    check_files,
+    deepspeed_model_state,
+    guarded,
+    quiet,
+    refusals,
 )
 from gpu_training.ddp import DistributedContext
 
 __all__ = ["DEEPSPEED_FORMAT", "deepspeed_model_state", "load_deepspeed", "save_deepspeed"]
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """DeepSpeed logs a line per file on every rank; only errors should reach the user."""
-    import logging
-
-    logger = logging.getLogger("DeepSpeed")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def save_deepspeed(
@@ -97,7 +81,7 @@ def save_deepspeed(
     """
 
     def write(tmp: Path) -> set[str]:
-        with _quiet():
+        with quiet():
             # save_dir/tag is the temporary directory itself: DeepSpeed's files land flat in it.
             # frozen parameters (a LoRA base) come back from the model itself: only what trains
             engine.save_checkpoint(
@@ -105,39 +89,7 @@ def save_deepspeed(
             )
         return set()
 
-    return save_directory(store, ctx, step, write, DEEPSPEED_FORMAT, extra=extra)
-
-
-@contextlib.contextmanager
-def _guarded(trusted: bool) -> Iterator[None]:
-    """DeepSpeed's own ``torch.load`` calls, forced to ``weights_only`` unless trusted."""
-    if trusted:
-        yield
-        return
-    with weights_only_loads(DEEPSPEED_SAFE_GLOBALS):
-        yield
-
-
-def _pickle_files(step_dir: Path, share: slice = slice(None)) -> list[Path]:
-    """DeepSpeed's ``.pt`` files the manifest lists (this rank's share), not ``extra.pt``."""
-    manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
-    names = sorted(
-        str(e["name"])
-        for e in manifest["files"]
-        if str(e["name"]).endswith(".pt") and e["name"] != EXTRA_NAME
-    )
-    return [step_dir / name for name in names[share]]
-
-
-def _check_files(step_dir: Path, share: slice = slice(None)) -> None:
-    """DeepSpeed's files hold only the allow-listed classes; ``extra.pt`` only plain data.
-
-    ``extra.pt`` is ours, read with ``weights_only`` whatever the trust: its refusal does not
-    suggest ``--trust-checkpoint``, which could not help.
-    """
-    check_pickles(_pickle_files(step_dir, share), DEEPSPEED_SAFE_GLOBALS)
-    if share.start in (None, 0) and (step_dir / EXTRA_NAME).exists():
-        check_pickles([step_dir / EXTRA_NAME], hint=None)
+    return save_directory(store, ctx, step, write, DEEPSPEED, extra=extra)
 
 
 def load_deepspeed(
@@ -171,12 +123,12 @@ def load_deepspeed(
             DeepSpeed could not load it.
     """
     uses_process_group(ctx)
-    chosen = choose_verified(store, ctx, path_or_step, DEEPSPEED_FORMAT)
+    chosen = choose_verified(store, ctx, path_or_step, DEEPSPEED)
     what = f"could not load {chosen}"
     extra: dict[str, Any] = {}
     with Attempt() as check:
         if not trusted:  # each rank a share: the refusal names the file
-            _check_files(chosen, slice(ctx.rank, None, ctx.world_size))
+            check_files(chosen, slice(ctx.rank, None, ctx.world_size))
         manifest_world = _saved_world_size(chosen)
         if manifest_world != ctx.world_size:
             raise CheckpointError(
@@ -186,7 +138,7 @@ def load_deepspeed(
             )
     settle(ctx, check, what)
     with Attempt() as load:
-        with _quiet(), _guarded(trusted), _refusals(chosen):
+        with quiet(), guarded(trusted), refusals(chosen):
             path, _ = engine.load_checkpoint(
                 str(chosen.parent),
                 tag=chosen.name,
@@ -201,56 +153,6 @@ def load_deepspeed(
     return extra
 
 
-@contextlib.contextmanager
-def _refusals(step_dir: Path) -> Iterator[None]:
-    """A ``weights_only`` refusal inside DeepSpeed becomes one CheckpointError naming the step."""
-    try:
-        yield
-    except Exception as exc:
-        message = refused_message(step_dir, exc)
-        if message is None:
-            raise
-        raise CheckpointError(message) from exc
-
-
 def _saved_world_size(step_dir: Path) -> int:
     manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
     return int(manifest["world_size"])
-
-
-def deepspeed_model_state(step_dir: Path, *, trusted: bool = False) -> dict[str, torch.Tensor]:
-    """The full fp32 weights of a DeepSpeed ZeRO checkpoint, gathered from every rank's shards.
-
-    Offline, in one process (DeepSpeed's ``zero_to_fp32``), its loads forced to
-    ``weights_only`` with the allow-list unless ``trusted``.
-
-    Args:
-        step_dir: A committed ``step-XXXXXXXX`` directory of format ``"deepspeed"``.
-        trusted: Let DeepSpeed unpickle without the allow-list (``--trust-checkpoint``).
-
-    Returns:
-        ``{name: tensor}`` as the unwrapped model's ``state_dict`` names them.
-
-    Raises:
-        CheckpointError: If the deepspeed extra is missing, a file holds objects outside the
-            allow-list (nothing runs), or the files cannot be read.
-    """
-    if not trusted:
-        _check_files(step_dir)
-    try:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    except ImportError as exc:
-        raise CheckpointError(
-            f"{step_dir} is a DeepSpeed checkpoint: reading it needs the deepspeed extra "
-            "(pip install 'gpu-training[deepspeed]')"
-        ) from exc
-    try:
-        with _quiet(), _guarded(trusted), _refusals(step_dir):
-            state = get_fp32_state_dict_from_zero_checkpoint(
-                str(step_dir.parent), tag=step_dir.name
-            )
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(f"could not read {step_dir}: {type(exc).__name__}: {exc}") from exc
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

@@ -129,7 +129,7 @@ def _layout(layout: dict[str, int]) -> str:
 def _run_ckpt_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from gpu_training.checkpoint import CheckpointError, read_manifest, run_layout, state_format
+    from gpu_training.checkpoint import CheckpointError, format_of, read_manifest, run_layout
 
     try:
         step_dir, manifest = read_manifest(args.dir)
@@ -138,13 +138,12 @@ def _run_ckpt_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"path": str(step_dir), "manifest": manifest}, indent=2))
         return 0
-    kind = state_format(manifest)
     files = manifest["files"]
     layout = run_layout(manifest)  # none for a hand-written loop's checkpoint
     rows = [
         ("checkpoint", str(step_dir)),
         ("step", str(manifest["step"])),
-        ("format", "dcp (sharded, torch.distributed.checkpoint)" if kind == "dcp" else kind),
+        ("format", format_of(manifest).label),
         ("world size", str(manifest.get("world_size", "?"))),
         *([("layout", _layout(layout))] if layout is not None else []),
         ("created", str(manifest.get("created", "?"))),

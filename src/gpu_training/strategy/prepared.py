@@ -12,9 +12,11 @@ The same loop body then serves every strategy::
             run.steps.backward(loss)
         grad_norm = run.steps.step(micro_step)
 
-The strategy also owns its checkpoint format: ``run.save_checkpoint`` writes the model and
-optimizer the strategy's way (one ``state.pt`` from rank 0, DCP shards, DeepSpeed's files)
-beside the plain run state every format shares, and ``run.load_checkpoint`` reads them back.
+The strategy also owns its checkpoint format, picked once by :func:`prepare`
+(:attr:`Prepared.checkpoint_format`, a :class:`~gpu_training.checkpoint.CheckpointFormat`):
+``run.save_checkpoint`` writes the model and optimizer the strategy's way (one ``state.pt``
+from rank 0, DCP shards, DeepSpeed's files) beside the plain run state every format shares,
+and ``run.load_checkpoint`` reads them back.
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ import torch
 from torch import nn
 
 from gpu_training.amp import MixedPrecisionStepper, resolve_precision
-from gpu_training.checkpoint import CheckpointManager
+from gpu_training.checkpoint import CheckpointFormat, CheckpointManager, checkpoint_format
 from gpu_training.config import TrainingConfig
 from gpu_training.ddp import DistributedContext, resolve_device
-from gpu_training.resume import load_model_and_optimizer, plain_training_state
 from gpu_training.strategy.deepspeed import (
     build_deepspeed_config,
     deepspeed_initialize,
@@ -82,6 +83,9 @@ class Prepared:
     precision: str
     """The resolved precision (``fp32``, ``bf16`` or ``fp16``)."""
 
+    checkpoint_format: CheckpointFormat
+    """How :meth:`save_checkpoint` writes and :meth:`load_checkpoint` reads: the strategy's."""
+
     stepper: MixedPrecisionStepper | None = None
     """none/ddp/fsdp: the stepper (its state goes into checkpoints)."""
 
@@ -95,11 +99,6 @@ class Prepared:
     def trainer(self) -> MixedPrecisionStepper | None:
         """The old name of :attr:`stepper` (read-only)."""
         return self.stepper
-
-    @property
-    def checkpoint_format(self) -> str:
-        """``"torch"``, ``"dcp"`` (fsdp) or ``"deepspeed"``: how :meth:`save_checkpoint` writes."""
-        return self.strategy.checkpoint_format
 
     def save_checkpoint(
         self,
@@ -121,15 +120,7 @@ class Prepared:
         Raises:
             CheckpointError: On every rank if the save failed (nothing is pruned then).
         """
-        step = int(run_state["step"])
-        if self.checkpoint_format == "torch":
-            state = plain_training_state(run_state, self.model, self.optimizer, extra)
-            return ckpt.save(state, step=step)
-        # model and optimizer go their own way; the rest is plain, in extra.pt
-        plain = {**(extra or {}), **run_state}
-        if self.checkpoint_format == "deepspeed":
-            return ckpt.save_deepspeed(self.engine, step, extra=plain)
-        return ckpt.save_sharded(self.model, self.optimizer, step, extra=plain)
+        return self.checkpoint_format.save(ckpt, self, run_state, extra)
 
     def load_checkpoint(
         self, ckpt: CheckpointManager, path: str | os.PathLike[str] | int
@@ -151,15 +142,7 @@ class Prepared:
             CheckpointError: If the checkpoint is missing, damaged, of another format or
                 refused by the allow-lists.
         """
-        if self.checkpoint_format == "torch":
-            state = ckpt.load(path)
-            load_model_and_optimizer(state, self.model, self.optimizer)
-            return state, dict(state.get("extra") or {})
-        if self.checkpoint_format == "deepspeed":
-            plain = ckpt.load_deepspeed(self.engine, path)
-        else:
-            plain = ckpt.load_sharded(self.model, self.optimizer, path)
-        return plain, plain
+        return self.checkpoint_format.load(ckpt, self, path)
 
 
 def _speed_up(
@@ -231,6 +214,7 @@ def prepare(
             :func:`build_deepspeed_config`), or fp16 with fsdp.
     """
     spec = parse_strategy(strategy)
+    fmt = checkpoint_format(spec.checkpoint_format)  # the one place the name is looked up
     dev = torch.device(device) if device is not None else resolve_device(ctx)
     precision = resolve_precision(config.precision, dev)
     make_optimizer = optimizer if optimizer is not None else default_optimizer(config)
@@ -263,6 +247,7 @@ def prepare(
             steps=deepspeed_step_fns(engine),
             strategy=spec,
             precision=precision,
+            checkpoint_format=fmt,
             engine=engine,
             deepspeed_config=ds_config,
         )
@@ -290,5 +275,6 @@ def prepare(
         steps=step_fns(wrapped, stepper),
         strategy=spec,
         precision=precision,
+        checkpoint_format=fmt,
         stepper=stepper,
     )

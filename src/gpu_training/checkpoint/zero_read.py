@@ -1,0 +1,137 @@
+"""Reading DeepSpeed's checkpoint files without trusting their pickles.
+
+DeepSpeed loads its files with ``torch.load(weights_only=False)``. Everything that hands
+them to its readers is here, in one place to audit (as :mod:`~gpu_training.checkpoint.dcp_read`
+is for DCP): the check that every ``.pt`` file holds only the allow-listed classes
+(:func:`check_files`, so that a refusal names the file), DeepSpeed's own loads forced to
+``weights_only`` (:func:`guarded`), a refusal inside them turned into one
+:class:`CheckpointError` (:func:`refusals`), and :func:`deepspeed_model_state`, the offline
+read of the full weights. Both the every-rank load
+(:func:`~gpu_training.checkpoint.zero.load_deepspeed`) and the offline one (the DeepSpeed
+format's ``full_state``, :mod:`~gpu_training.checkpoint.formats`) go through it. DeepSpeed
+itself is imported only when a checkpoint is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from gpu_training.checkpoint.files import EXTRA_NAME, MANIFEST_NAME, CheckpointError
+from gpu_training.checkpoint.safe_load import (
+    DEEPSPEED_SAFE_GLOBALS,
+    check_pickles,
+    refused_message,
+    weights_only_loads,
+)
+
+__all__ = ["check_files", "deepspeed_model_state", "guarded", "quiet", "refusals"]
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """DeepSpeed logs a line per file on every rank; only errors should reach the user."""
+    import logging
+
+    logger = logging.getLogger("DeepSpeed")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def guarded(trusted: bool) -> Iterator[None]:
+    """DeepSpeed's own ``torch.load`` calls, forced to ``weights_only`` unless trusted."""
+    if trusted:
+        yield
+        return
+    with weights_only_loads(DEEPSPEED_SAFE_GLOBALS):
+        yield
+
+
+def _pickle_files(step_dir: Path, share: slice = slice(None)) -> list[Path]:
+    """DeepSpeed's ``.pt`` files the manifest lists (this rank's share), not ``extra.pt``."""
+    manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
+    names = sorted(
+        str(e["name"])
+        for e in manifest["files"]
+        if str(e["name"]).endswith(".pt") and e["name"] != EXTRA_NAME
+    )
+    return [step_dir / name for name in names[share]]
+
+
+def check_files(step_dir: Path, share: slice = slice(None)) -> None:
+    """DeepSpeed's files hold only the allow-listed classes; ``extra.pt`` only plain data.
+
+    ``extra.pt`` is ours, read with ``weights_only`` whatever the trust: its refusal does not
+    suggest ``--trust-checkpoint``, which could not help.
+
+    Args:
+        step_dir: A committed DeepSpeed step directory.
+        share: Which of its files (sorted by name) this rank checks; all by default.
+
+    Raises:
+        CheckpointError: Naming the first file that holds anything else.
+    """
+    check_pickles(_pickle_files(step_dir, share), DEEPSPEED_SAFE_GLOBALS)
+    if share.start in (None, 0) and (step_dir / EXTRA_NAME).exists():
+        check_pickles([step_dir / EXTRA_NAME], hint=None)
+
+
+@contextlib.contextmanager
+def refusals(step_dir: Path) -> Iterator[None]:
+    """A ``weights_only`` refusal inside DeepSpeed becomes one CheckpointError naming the step."""
+    try:
+        yield
+    except Exception as exc:
+        message = refused_message(step_dir, exc)
+        if message is None:
+            raise
+        raise CheckpointError(message) from exc
+
+
+def deepspeed_model_state(step_dir: Path, *, trusted: bool = False) -> dict[str, torch.Tensor]:
+    """The full fp32 weights of a DeepSpeed ZeRO checkpoint, gathered from every rank's shards.
+
+    Offline, in one process (DeepSpeed's ``zero_to_fp32``), its loads forced to
+    ``weights_only`` with the allow-list unless ``trusted``.
+
+    Args:
+        step_dir: A committed ``step-XXXXXXXX`` directory of format ``"deepspeed"``.
+        trusted: Let DeepSpeed unpickle without the allow-list (``--trust-checkpoint``).
+
+    Returns:
+        ``{name: tensor}`` as the unwrapped model's ``state_dict`` names them.
+
+    Raises:
+        CheckpointError: If the deepspeed extra is missing, a file holds objects outside the
+            allow-list (nothing runs), or the files cannot be read.
+    """
+    if not trusted:
+        check_files(step_dir)
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as exc:
+        raise CheckpointError(
+            f"{step_dir} is a DeepSpeed checkpoint: reading it needs the deepspeed extra "
+            "(pip install 'gpu-training[deepspeed]')"
+        ) from exc
+    try:
+        with quiet(), guarded(trusted), refusals(step_dir):
+            state = get_fp32_state_dict_from_zero_checkpoint(
+                str(step_dir.parent), tag=step_dir.name
+            )
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"could not read {step_dir}: {type(exc).__name__}: {exc}") from exc
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
