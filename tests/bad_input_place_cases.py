@@ -307,7 +307,19 @@ case(
     "--allow-config-change",
     row="resume-other-shape",
 )
-case("train/plain/other-strategy", then(_checkpoint("plain"), train("dcp")), "plain", "fsdp")
+# plain and sharded checkpoints resume each other (tests/test_resume_anywhere.py): not DeepSpeed
+case("train/plain/deepspeed", then(_checkpoint("plain"), train("deepspeed")), "plain", "deepspeed")
+for _fmt, _other in (("plain", "dcp"), ("dcp", "plain")):
+    case(
+        f"train/{_fmt}/other-model-shape-under-{_other}",
+        then(
+            _checkpoint(_fmt),
+            train(_other, "--set", "task_options.n_embd=64", "--allow-config-change"),
+        ),
+        "another shape",
+        NEWEST,
+        row="resume-other-shape",
+    )
 case(
     "train/dcp/other-global-batch",
     then(_checkpoint("dcp"), train("dcp", "--set", "training.global_batch_size=32")),

@@ -3,8 +3,10 @@
 ``gpu_training.checkpoint.formats`` holds one :class:`CheckpointFormat` per format and the one
 place their names are resolved. Here: every name resolves, an unknown one is a one-line error;
 each format saves, loads and reads offline through the interface alone (plain and DCP in this
-process, DeepSpeed on one gloo rank); and nothing outside the formats module compares a format
-name, so that a new switch fails here rather than becoming the seventh.
+process, DeepSpeed on one gloo rank); plain and sharded load each other's checkpoints through
+the same interface (tests/test_resume_anywhere.py runs it across world sizes); and nothing
+outside the formats module compares a format name, so that a new switch fails here rather than
+becoming the seventh.
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ def test_a_manifest_naming_an_unknown_format_is_read_as_plain_but_resumed_by_non
     assert not any(fmt.can_load(found) for fmt in FORMATS)
 
 
-def test_each_format_loads_only_its_own_checkpoints() -> None:
-    for fmt in FORMATS:
-        assert [other for other in FORMATS if fmt.can_load(other)] == [fmt]
+def test_plain_and_sharded_load_each_other_and_deepspeed_only_its_own() -> None:
+    assert [other for other in FORMATS if PLAIN.can_load(other)] == [PLAIN, SHARDED]
+    assert [other for other in FORMATS if SHARDED.can_load(other)] == [PLAIN, SHARDED]
+    assert [other for other in FORMATS if DEEPSPEED.can_load(other)] == [DEEPSPEED]
+    assert [f.shards for f in FORMATS] == [False, True, True]
 
 
 def test_what_messages_call_each_format() -> None:
@@ -166,12 +170,107 @@ def test_the_wrong_format_for_a_checkpoint_is_named_with_its_loader(tmp_path: Pa
     ctx = DistributedContext()
     ckpt = CheckpointManager(tmp_path, ctx=ctx)
     path = PLAIN.save(ckpt, _trained(0), capture_run_state(ctx, step=1))
-    with pytest.raises(CheckpointError) as info:
-        SHARDED.load(ckpt, _trained(1), path)
+    assert path is not None
+    with pytest.raises(CheckpointError) as info:  # the manager's own loaders: one format each
+        ckpt.load_sharded(_trained(1).model, None, path)
     assert str(info.value).endswith(
         f"{path} is a plain checkpoint, not sharded (FSDP/DCP): load it with "
         "CheckpointManager.load(), not CheckpointManager.load_sharded()"
     )
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**manifest, "state_format": "deepspeed"}))
+    with pytest.raises(CheckpointError) as info:  # a format it cannot load: refused by name
+        SHARDED.load(ckpt, _trained(1), path)
+    assert str(info.value).endswith(
+        f"{path} is a DeepSpeed checkpoint, not sharded (FSDP/DCP): load it with "
+        "CheckpointManager.load_deepspeed(), not CheckpointManager.load_sharded()"
+    )
+
+
+def _moments(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    """Each parameter's AdamW state by name (``optimizer`` updates ``names`` in order)."""
+    state = optimizer.state_dict()["state"]
+    ids = [i for group in optimizer.state_dict()["param_groups"] for i in group["params"]]
+    return {
+        f"{name}.{key}": value
+        for name, i in zip(names, ids, strict=True)
+        if i in state
+        for key, value in state[i].items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [(PLAIN, SHARDED), (SHARDED, PLAIN)],
+    ids=["plain-sharded", "sharded-plain"],
+)
+def test_a_format_loads_the_other_formats_checkpoint_with_its_optimizer_state(
+    written: CheckpointFormat, read: CheckpointFormat, tmp_path: Path
+) -> None:
+    ctx = DistributedContext()
+    ckpt = CheckpointManager(tmp_path, ctx=ctx)
+    saved = _trained(0)
+    path = written.save(ckpt, saved, capture_run_state(ctx, step=3), {"note": "kept"})
+    loaded = _trained(1)
+    state, extra = read.load(ckpt, loaded, path)
+    assert _same(loaded.model.state_dict(), saved.model.state_dict())
+    names = [n for n, _ in saved.model.named_parameters()]
+    before, after = _moments(saved.optimizer, names), _moments(loaded.optimizer, names)
+    assert len(before) == 3 * len(names)  # exp_avg, exp_avg_sq, step
+    assert _same(after, before)
+    assert (state["step"], state["world_size"], extra["note"]) == (3, 1, "kept")
+
+
+def _grouped(seed: int) -> _Run:
+    """Decay and no-decay groups, listed against the parameters' order, and a frozen weight."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    model[0].weight.requires_grad_(False)
+    params = dict(model.named_parameters())
+    groups = [
+        {"params": [params["0.bias"], params["2.bias"]], "weight_decay": 0.0},
+        {"params": [params["2.weight"]], "weight_decay": 0.1},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=0.01)
+    for _ in range(2):
+        nn.functional.mse_loss(model(torch.randn(3, 4)), torch.randn(3, 2)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return _Run(model, optimizer)
+
+
+def test_plain_optimizer_state_finds_its_parameters_by_group_and_position(tmp_path: Path) -> None:
+    """A plain optimizer state is keyed by index: read into a sharded run, each index must reach
+    the parameter at its place in the target's groups (the same order, built the same way)."""
+    ctx = DistributedContext()
+    ckpt = CheckpointManager(tmp_path, ctx=ctx)
+    saved = _grouped(0)
+    path = PLAIN.save(ckpt, saved, capture_run_state(ctx, step=2))
+    loaded = _grouped(1)
+    SHARDED.load(ckpt, loaded, path)
+    names = ["0.bias", "2.bias", "2.weight"]
+    assert _same(_moments(loaded.optimizer, names), _moments(saved.optimizer, names))
+    groups = loaded.optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.0, 0.1]
+
+    other = _trained(2)  # one group of four parameters where the checkpoint has 2 + 1
+    with pytest.raises(CheckpointError, match=r"param groups of \[2, 1\] parameters and this "):
+        SHARDED.load(ckpt, other, path)
+
+
+def test_a_plain_checkpoint_of_another_shape_is_refused_by_the_sharded_load(
+    tmp_path: Path,
+) -> None:
+    ctx = DistributedContext()
+    ckpt = CheckpointManager(tmp_path, ctx=ctx)
+    path = PLAIN.save(ckpt, _trained(0), capture_run_state(ctx, step=1))
+    wider = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+    run = _Run(wider, torch.optim.AdamW(wider.parameters()))
+    with pytest.raises(CheckpointError) as info:
+        SHARDED.load(ckpt, run, path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "another shape: '0.weight' is [8, 4] there and [16, 4] in this job" in message
 
 
 DS_CONFIG = REPO_ROOT / "configs" / "deepspeed_config.json"

@@ -20,7 +20,7 @@ from gpu_training.config import ConfigError
 from gpu_training.job import JobConfig
 from gpu_training.preflight import check_launch, check_writable
 from gpu_training.reporting import MetricsWriter, read_metrics
-from gpu_training.resume import ResumeError, check_resumable
+from gpu_training.resume import ResumeError, check_resumable, layout_change
 from gpu_training.trainer import Trainer
 from train_jobs import train
 
@@ -149,12 +149,83 @@ def test_settings_that_do_not_change_the_math_only_warn(finished_run: Path) -> N
     ]
 
 
-def test_another_checkpoint_format_is_refused(finished_run: Path) -> None:
+def test_a_format_the_strategy_cannot_load_is_refused(finished_run: Path) -> None:
     step_dir = finished_run / "checkpoints" / "step-00000004"
     manifest = json.loads((step_dir / "manifest.json").read_text())
-    job = _job(finished_run, sections={"strategy": {"name": "fsdp"}})
-    with pytest.raises(ResumeError, match="plain checkpoint and strategy 'fsdp' resumes sharded"):
+    job = _job(finished_run, sections={"strategy": {"name": "deepspeed"}})
+    with pytest.raises(ResumeError, match="plain checkpoint and strategy 'deepspeed' resumes Deep"):
         check_resumable(job, step_dir, manifest)
+
+
+def test_the_strategys_layout_is_not_the_math(finished_run: Path) -> None:
+    """none, DDP and FSDP2 compute the same steps: another strategy, sharding or activation
+    checkpointing resumes without --allow-config-change and without a warning; the layout
+    change is said once, by the resume line. A DeepSpeed file can name its own optimizer, and
+    DeepSpeed loads only the stage it wrote: those are still compared."""
+    step_dir = finished_run / "checkpoints" / "step-00000004"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    layout = {"name": "fsdp", "activation_checkpointing": True, "reshard_after_forward": False}
+    job = _job(finished_run, sections={"strategy": layout})
+    assert check_resumable(job, step_dir, manifest) == []
+    assert job.config_hash() == _job(finished_run).config_hash()
+    assert layout_change(job, manifest, 2) == (
+        "written by a plain model on 1 rank under FSDP on 2: optimizer state resharded"
+    )
+    assert layout_change(_job(finished_run), manifest, 1) is None
+    ddp = _job(finished_run, sections={"strategy": {"name": "ddp"}})
+    assert layout_change(ddp, manifest, 2) == "written by a plain model on 1 rank under DDP on 2"
+    own_optimizer = _job(finished_run, sections={"strategy": {"deepspeed_config": "ds.json"}})
+    with pytest.raises(ResumeError, match=r'strategy.deepspeed_config: null -> "ds.json"'):
+        check_resumable(own_optimizer, step_dir, manifest)
+    stage = _job(finished_run, sections={"strategy": {"zero_stage": 3}})  # DeepSpeed's files
+    with pytest.raises(ResumeError, match=r"strategy.zero_stage: null -> 3"):
+        check_resumable(stage, step_dir, manifest)
+
+
+LEGACY = REPO_ROOT / "tests" / "fixtures" / "legacy_checkpoints"
+
+
+@pytest.mark.parametrize("strategy", ["none", "fsdp", "deepspeed"])
+def test_a_manifest_recording_only_a_hash_still_resumes(strategy: str) -> None:
+    """Manifests hashed the strategy's layout with the math until it left the math settings:
+    a manifest that records only a hash is compared with both definitions."""
+    source = LEGACY / strategy
+    job = JobConfig.from_dict(yaml.safe_load((source / "job.yaml").read_text()))
+    step_dir = source / "step-00000002"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert manifest["config_hash"] == job.config_hashes()[1] != job.config_hash()
+    hash_only = {k: v for k, v in manifest.items() if k != "config"}
+    assert check_resumable(job, step_dir, hash_only) == []
+    other = JobConfig.from_dict({**job.to_dict(), "task_options": {"n_embd": 64}})
+    with pytest.raises(ResumeError, match="fields unknown: the manifest records only a hash"):
+        check_resumable(other, step_dir, hash_only)
+
+
+def test_a_stepper_state_without_a_loss_scale_resumes_under_another_strategy() -> None:
+    """FSDP2 computes bf16 through its policy (its stepper runs fp32), DDP through autocast
+    (its stepper says bf16): with no loss scale to carry, either resumes the other. An fp16
+    scale still refuses a run without one."""
+    from gpu_training.amp import MixedPrecisionStepper
+    from gpu_training.ddp import DistributedContext
+    from gpu_training.resume import capture_run_state, restore_run_state
+
+    ctx = DistributedContext()
+    model = torch.nn.Linear(2, 1)
+    ddp_bf16 = MixedPrecisionStepper(torch.optim.AdamW(model.parameters()), "bf16", 1)
+    fsdp_bf16 = MixedPrecisionStepper(torch.optim.AdamW(model.parameters()), "fp32", 1)
+    ddp_bf16.skipped_steps = 2
+    saved = capture_run_state(ctx, step=5, amp=ddp_bf16)
+    assert restore_run_state(saved, ctx, amp=fsdp_bf16) == 5 and fsdp_bf16.skipped_steps == 2
+    scaled = {
+        **saved,
+        "amp_state": {
+            **saved["amp_state"],
+            "precision": "fp16",
+            "scaler": {"scale": 1024.0, "_growth_tracker": 0},
+        },
+    }
+    with pytest.raises(ValueError, match="saved with precision 'fp16'"):
+        restore_run_state(scaled, ctx, amp=fsdp_bf16)
 
 
 def test_a_model_of_another_shape_is_named_before_launch(finished_run: Path) -> None:

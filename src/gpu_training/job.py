@@ -394,10 +394,13 @@ class JobConfig:
         }
 
     def math_settings(self) -> dict[str, Any]:
-        """The settings that define the run's math: task, task options, training, strategy.
+        """The settings that define the run's math: task, task options, training, and the
+        strategy's DeepSpeed options (a DeepSpeed file can name its own optimizer).
 
         Not the world size, nor (when a global batch is set) the per-device batch and the
-        accumulation: the global batch defines the job, however it is split (promise 1).
+        accumulation: the global batch defines the job, however it is split (promise 1). Nor
+        how the strategy lays the model out (its name, FSDP's sharding, activation
+        checkpointing...): none, DDP and FSDP2 compute the same steps.
         """
         return _math_settings(self.to_dict())
 
@@ -407,8 +410,12 @@ class JobConfig:
         Stored in each checkpoint's manifest (with the settings themselves): resuming with
         another hash names the fields that changed and needs ``--allow-config-change``.
         """
-        text = json.dumps(self.math_settings(), sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return _hash(self.math_settings())
+
+    def config_hashes(self) -> tuple[str, str]:
+        """:meth:`config_hash`, and the hash manifests recorded while the strategy's layout
+        counted as math: what a manifest that records only a hash may carry."""
+        return self.config_hash(), _hash(_math_settings(self.to_dict(), layout=True))
 
     def changes_since(self, saved: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """How this job differs from ``saved`` (a checkpoint's recorded ``to_dict()``).
@@ -490,13 +497,28 @@ def _strategy_mapping(raw: object) -> object:
     return {"name": raw} if isinstance(raw, str) else raw
 
 
-def _math_settings(job: Mapping[str, Any]) -> dict[str, Any]:
+_STRATEGY_MATH = ("deepspeed_config", "zero_stage", "offload", "cpu_offload")
+"""What the guard still compares of the strategy: a DeepSpeed file can name its own optimizer,
+and DeepSpeed loads a checkpoint only at the stage and offload it was written with
+(``cpu_offload`` is its offload switch too). The other fields place the same math."""
+_LAYOUT_FIELDS = {f.name for f in dataclasses.fields(StrategyConfig)} - set(_STRATEGY_MATH)
+
+
+def _hash(settings: Mapping[str, Any]) -> str:
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _math_settings(job: Mapping[str, Any], *, layout: bool = False) -> dict[str, Any]:
     training = dict(job.get("training") or {})
     training.pop("world_size", None)
     if training.get("global_batch_size") is not None:  # any split of it: the same math
         training.pop("gradient_accumulation_steps", None)
         training.pop("per_device_batch_size", None)
     payload = {k: job.get(k) for k in ("task", "task_options", "strategy")}
+    strategy = payload["strategy"]
+    if isinstance(strategy, Mapping) and not layout:  # layout=True: as older manifests hashed
+        payload["strategy"] = {k: v for k, v in strategy.items() if k not in _LAYOUT_FIELDS}
     payload["training"] = training
     return payload
 
@@ -515,8 +537,8 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def _flat_keys_of_math(job: Mapping[str, Any]) -> set[str]:
     keys = set(_flat(_math_settings(job)))
     training = job.get("training") or {}
-    # the rank count is not the math; neither is the accumulation it implies
-    keys |= {"training.world_size"}
+    # the rank count is not the math; neither is the accumulation it implies, nor the layout
+    keys |= {"training.world_size", *(f"strategy.{name}" for name in _LAYOUT_FIELDS)}
     if training.get("global_batch_size") is not None:
         keys |= {"training.gradient_accumulation_steps", "training.per_device_batch_size"}
     return keys

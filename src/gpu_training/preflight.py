@@ -9,13 +9,15 @@ checks that need no process group:
 - the global batch splits over the requested number of ranks;
 - the checkpoint and output directories can be written (a probe file is created and removed;
   a path under a file or a read-only directory is named);
-- the checkpoint the run would resume from: no damaged checkpoint stands in the way, it has
-  the format the strategy resumes, its recorded settings match the job (or
-  ``allow_config_change``), its model has the job's parameter shapes, its files hold
-  nothing outside the ``weights_only`` allow-lists, and a sharded one's index reads only
-  the checkpoint's own files.
+- the checkpoint the run would resume from: no damaged checkpoint stands in the way, the
+  strategy can load its format (plain and sharded load each other's), its recorded settings
+  match the job (or ``allow_config_change``), its model has the job's parameter shapes, its
+  files hold nothing outside the ``weights_only`` allow-lists, and a sharded one's index reads
+  only the checkpoint's own files.
 
-Every failure is a :class:`~gpu_training.config.ConfigError` naming the field or file.
+Every failure is a :class:`~gpu_training.config.ConfigError` naming the field or file. A
+resume laid out anew is said in one line, before any process starts
+(``resuming step 10 written by DDP on 2 ranks under FSDP on 4: optimizer state resharded``).
 
 Example:
     >>> import tempfile
@@ -50,7 +52,7 @@ from gpu_training.checkpoint import (
 )
 from gpu_training.config import ConfigError
 from gpu_training.job import JobConfig
-from gpu_training.resume import ResumeError, check_resumable
+from gpu_training.resume import ResumeError, check_resumable, layout_change
 from gpu_training.strategy.job_check import check_job
 from gpu_training.tasks import BUILTIN_TASKS, Task
 
@@ -65,6 +67,9 @@ def check_launch(
     trust_checkpoint: bool = False,
 ) -> list[str]:
     """Every check of a ``train`` launch that needs no process; returns warnings to print.
+
+    Prints one line when the run would resume under another strategy or world size than
+    its checkpoint was written with (:func:`~gpu_training.resume.layout_change`).
 
     Args:
         job: The job to launch.
@@ -89,7 +94,7 @@ def check_launch(
     # the output directory first: an unset checkpoint.dir lies under it, and the user set it
     check_writable(Path(job.run.output_dir), "run.output_dir")
     check_writable(job.checkpoint_dir, "checkpoint.dir")
-    return _check_resume(job, task, allow_config_change, trust_checkpoint)
+    return _check_resume(job, nproc, task, allow_config_change, trust_checkpoint)
 
 
 def check_writable(path: Path, field: str) -> None:
@@ -143,7 +148,7 @@ def _check_data(task: Task, global_batch: int) -> None:
 
 
 def _check_resume(
-    job: JobConfig, task: Task, allow_config_change: bool, trust_checkpoint: bool
+    job: JobConfig, nproc: int, task: Task, allow_config_change: bool, trust_checkpoint: bool
 ) -> list[str]:
     if not job.checkpoint.resume:
         return []
@@ -167,6 +172,9 @@ def _check_resume(
         with torch.device("meta"):  # the shapes only: no memory, no initialisation
             model = task.build_model()
         _compare_shapes(step_dir, saved, {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    change = layout_change(job, manifest, nproc)
+    if change is not None:
+        print(f"resuming step {manifest.get('step')} {change}", flush=True)
     return warnings
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "capture_run_state",
     "capture_training_state",
     "check_resumable",
+    "layout_change",
     "load_model_and_optimizer",
     "plain_training_state",
     "restore_run_state",
@@ -182,6 +183,10 @@ def restore_run_state(
         saved = state.get(name)
         if saved is None:
             raise KeyError(f"checkpoint has no {name} to restore")
+        if target is amp and amp is not None and not saved.get("scaler"):
+            # no loss scale to carry: its precision names how the strategy computed (FSDP's
+            # policy or autocast), which the job's precision, guarded on resume, decides
+            saved = {**saved, "precision": amp.precision}
         target.load_state_dict(saved)
     step = int(state["step"])
     rng_states = state.get("rng_states") or []
@@ -219,10 +224,12 @@ def check_resumable(
 ) -> list[str]:
     """Whether ``job`` may continue from the checkpoint ``step_dir``; returns warnings.
 
-    The checkpoint must be of the format the job's strategy resumes, and its recorded job
-    settings must match on every field that changes the math (:meth:`JobConfig.math_settings`),
-    unless ``allow_config_change``; fields that cannot change the math (logging cadence,
-    output paths) only warn.
+    The checkpoint must be of a format the job's strategy can load (plain and sharded load
+    each other's, :meth:`~gpu_training.checkpoint.CheckpointFormat.can_load`), and its recorded
+    job settings must match on every field that changes the math
+    (:meth:`JobConfig.math_settings`: not the strategy's layout), unless
+    ``allow_config_change``; fields that cannot change the math (logging cadence, output
+    paths) only warn.
 
     Args:
         job: The job about to run.
@@ -250,7 +257,7 @@ def check_resumable(
     if isinstance(saved, Mapping):
         math, other = job.changes_since(saved)
     else:  # written before manifests recorded the settings: only the hash can tell
-        same = manifest.get("config_hash") in (None, job.config_hash())
+        same = manifest.get("config_hash") in (None, *job.config_hashes())
         math, other = ([] if same else ["fields unknown: the manifest records only a hash"]), []
     warnings = [
         f"{step_dir.name} was written with {line} (does not change the math)" for line in other
@@ -266,3 +273,40 @@ def check_resumable(
             "checkpoint.dir for a new run"
         )
     return [*warnings, f"resuming {step_dir.name} with changed settings: {listed}"]
+
+
+def layout_change(job: JobConfig, manifest: Mapping[str, Any], world_size: int) -> str | None:
+    """How a resume lays the run out anew, in words; None when it is laid out as written.
+
+    The strategy and world size the checkpoint was written with (its manifest's recorded
+    ``strategy``, else its format) against the job's on ``world_size`` ranks, and whether the
+    optimizer state is resharded on the way (either side shards it).
+
+    Example:
+        >>> job = JobConfig.from_dict({"strategy": "fsdp"})
+        >>> layout_change(job, {"world_size": 2, "config": {"strategy": {"name": "ddp"}}}, 4)
+        'written by DDP on 2 ranks under FSDP on 4: optimizer state resharded'
+        >>> layout_change(job, {"world_size": 4, "state_format": "dcp",
+        ...                     "config": {"strategy": {"name": "fsdp"}}}, 4) is None
+        True
+    """
+    saved, target = format_of(manifest), checkpoint_format(job.strategy.checkpoint_format)
+    config = manifest.get("config")
+    strategy = config.get("strategy") if isinstance(config, Mapping) else None
+    ranks = int(manifest.get("world_size") or 1)
+    if not isinstance(strategy, Mapping) and saved is target and ranks == world_size:
+        return None  # no strategy recorded: the format and world size are all there is to tell
+    then = _strategy_title(strategy) if isinstance(strategy, Mapping) else saved.title
+    now = _strategy_title(job.strategy.to_dict())
+    if (then, ranks) == (now, world_size):
+        return None
+    line = f"written by {then} on {ranks} rank{'s' * (ranks != 1)} under {now} on {world_size}"
+    return line + (": optimizer state resharded" if saved.shards or target.shards else "")
+
+
+def _strategy_title(strategy: Mapping[str, Any]) -> str:
+    name = str(strategy.get("name"))
+    if name == "deepspeed":
+        stage = strategy.get("zero_stage")
+        return f"ZeRO-{stage}" if stage else "DeepSpeed"
+    return {"none": "a plain model", "ddp": "DDP", "fsdp": "FSDP"}.get(name, name)

@@ -52,7 +52,13 @@ from gpu_training.evaluation import EvalShard, eval_shard, evaluate
 from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
 from gpu_training.reporting import MetricsWriter, log_line, plot_metrics, progress_bar
-from gpu_training.resume import ResumeError, capture_run_state, check_resumable, restore_run_state
+from gpu_training.resume import (
+    ResumeError,
+    capture_run_state,
+    check_resumable,
+    layout_change,
+    restore_run_state,
+)
 from gpu_training.rng import seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.step import step_batches, train_step
@@ -498,15 +504,13 @@ class Trainer:
             return 0
         ckpt = run.ckpt
         found = ckpt.find_resumable()
-        refusal = found.refusal(ckpt.directory)
-        if refusal is not None:
+        if (refusal := found.refusal(ckpt.directory)) is not None:
             raise ResumeError(refusal)
-        chosen = found.latest
-        if chosen is None:
+        if (chosen := found.latest) is None:
             return 0
-        for line in check_resumable(
-            self.job, chosen, ckpt.manifest(chosen), allow_config_change=self.allow_config_change
-        ):
+        manifest = ckpt.manifest(chosen)
+        allow = self.allow_config_change
+        for line in check_resumable(self.job, chosen, manifest, allow_config_change=allow):
             self.print(f"warning: {line}")
         try:
             step = self._load(run, chosen)
@@ -523,7 +527,8 @@ class Trainer:
                 f"({first[:300]}); use the task options it was written with, or another "
                 "checkpoint.dir for a new run"
             ) from None
-        self.print(f"resumed from {chosen} (step {step})")
+        change = layout_change(self.job, manifest, self.ctx.world_size)
+        self.print(f"resumed from {chosen} (step {step}{f' {change}' if change else ''})")
         return step
 
     def _load(self, run: _Run, chosen: Path) -> int:

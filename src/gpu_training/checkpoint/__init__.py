@@ -27,11 +27,14 @@ One owner per concern, dependencies one way (each module imports only those abov
   all through :mod:`~gpu_training.checkpoint.attempt`), used by
   :mod:`~gpu_training.checkpoint.sharded` (FSDP2 through ``torch.distributed.checkpoint``,
   loadable on any world size; :mod:`~gpu_training.checkpoint.dcp_read` reads DCP's pickles
-  restrictively) and :mod:`~gpu_training.checkpoint.zero` (DeepSpeed engines). Imported on
-  first use (DCP and DeepSpeed cost seconds of import time).
+  restrictively) and :mod:`~gpu_training.checkpoint.zero` (DeepSpeed engines);
+  :mod:`~gpu_training.checkpoint.reshard` reads a plain checkpoint into FSDP2 shards on any
+  world size (the other way, DCP reshards by itself). Imported on first use (DCP and
+  DeepSpeed cost seconds of import time).
 - :mod:`~gpu_training.checkpoint.manager` — :class:`CheckpointManager`, the façade a training
   loop uses: ``save``/``load`` (plain), ``save_sharded``/``load_sharded``,
-  ``save_deepspeed``/``load_deepspeed``, ``latest``, ``find_resumable``...
+  ``load_plain_into`` (plain into shards), ``save_deepspeed``/``load_deepspeed``, ``latest``,
+  ``find_resumable``...
 - :mod:`~gpu_training.checkpoint.export_hf` — a checkpoint of a Hugging Face model as a
   ``save_pretrained`` directory.
 

@@ -7,7 +7,8 @@ the format asks a :class:`CheckpointFormat` rather than comparing names:
 
 - in a run, every rank: :meth:`~CheckpointFormat.save` and :meth:`~CheckpointFormat.load`
   through a :class:`~gpu_training.checkpoint.CheckpointManager`, and whether a format can
-  load what another wrote (:meth:`~CheckpointFormat.can_load`);
+  load what another wrote (:meth:`~CheckpointFormat.can_load`: plain and sharded read each
+  other's checkpoints, at any world size; DeepSpeed only its own);
 - offline, one process and no process group: :meth:`~CheckpointFormat.check_contents` (the
   allow-lists, before a resume), :meth:`~CheckpointFormat.saved_shapes`,
   :meth:`~CheckpointFormat.full_state` (the whole, unsharded model and optimizer: what
@@ -25,8 +26,8 @@ Example:
     True
     >>> format_of({"state_format": "deepspeed"}).title, format_of({}).title
     ('DeepSpeed', 'plain')
-    >>> SHARDED.can_load(PLAIN)  # no resharding between formats (yet)
-    False
+    >>> SHARDED.can_load(PLAIN), PLAIN.can_load(SHARDED), SHARDED.can_load(DEEPSPEED)
+    (True, True, False)
     >>> checkpoint_format("pickle")
     Traceback (most recent call last):
     ...
@@ -115,6 +116,15 @@ class Checkpoints(Protocol):
         path_or_step: PathOrStep | None = None,
     ) -> dict[str, Any]: ...
 
+    def load_plain_into(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        path_or_step: PathOrStep | None = None,
+    ) -> dict[str, Any]: ...
+
+    def manifest(self, path_or_step: PathOrStep) -> dict[str, Any]: ...
+
     def save_deepspeed(
         self, engine: Any, step: int, *, extra: Mapping[str, Any] | None = None
     ) -> Path | None: ...
@@ -137,9 +147,11 @@ class CheckpointFormat(Protocol):
     """The :class:`~gpu_training.checkpoint.CheckpointManager` method that loads it."""
     lists_every_file: bool
     """Its reader finds files by name pattern: a file the manifest does not list is a problem."""
+    shards: bool
+    """Each rank holds a part of the model and optimizer state, not all of it."""
 
     def can_load(self, saved: CheckpointFormat) -> bool:
-        """Whether :meth:`load` reads a checkpoint written in ``saved`` as it is."""
+        """Whether :meth:`load` reads a checkpoint written in ``saved`` (resharding it)."""
         ...
 
     def save(
@@ -161,7 +173,8 @@ class CheckpointFormat(Protocol):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Loads ``run``'s model and optimizer in place; every rank.
 
-        Returns the run state saved and the caller's extra.
+        The checkpoint may be of any format :meth:`can_load` accepts. Returns the run state
+        saved and the caller's extra.
         """
         ...
 
@@ -270,6 +283,7 @@ class PlainCheckpointFormat:
 
     loader = "CheckpointManager.load()"
     lists_every_file = False
+    shards = False
 
     def __init__(self, name: str = "torch", title: str = "plain") -> None:
         self.name = name
@@ -280,8 +294,8 @@ class PlainCheckpointFormat:
         return f"PlainCheckpointFormat({self.name!r})"
 
     def can_load(self, saved: CheckpointFormat) -> bool:
-        """Only its own checkpoints."""
-        return saved is self
+        """Its own checkpoints, and sharded ones (DCP reshards into a whole model)."""
+        return saved is self or (self is PLAIN and saved is SHARDED)
 
     def save(
         self,
@@ -297,7 +311,13 @@ class PlainCheckpointFormat:
     def load(
         self, ckpt: Checkpoints, run: Checkpointable, path: PathOrStep
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Every rank reads ``state.pt``; the caller's extra is its ``"extra"``."""
+        """Every rank reads ``state.pt``; the caller's extra is its ``"extra"``.
+
+        A sharded checkpoint is read as :data:`SHARDED` reads it: DCP loads it into any model.
+        """
+        saved = format_of(ckpt.manifest(path))
+        if saved is not self and self.can_load(saved):
+            return saved.load(ckpt, run, path)
         state = ckpt.load(path)
         load_model_and_optimizer(state, run.model, run.optimizer)
         return state, dict(state.get("extra") or {})
@@ -344,13 +364,14 @@ class ShardedCheckpointFormat:
     label = f"{SHARDED_FORMAT} (sharded, torch.distributed.checkpoint)"
     loader = "CheckpointManager.load_sharded()"
     lists_every_file = True
+    shards = True
 
     def __repr__(self) -> str:
         return "ShardedCheckpointFormat()"
 
     def can_load(self, saved: CheckpointFormat) -> bool:
-        """Only its own checkpoints (of any world size)."""
-        return saved is self
+        """Its own checkpoints and plain ones, of any world size."""
+        return saved is self or saved is PLAIN
 
     def save(
         self,
@@ -366,7 +387,14 @@ class ShardedCheckpointFormat:
     def load(
         self, ckpt: Checkpoints, run: Checkpointable, path: PathOrStep
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``dcp.load`` on every rank; ``extra.pt`` is both the run state and the extra."""
+        """``dcp.load`` on every rank; ``extra.pt`` is both the run state and the extra.
+
+        A plain checkpoint is broadcast from rank 0 into the shards
+        (:func:`~gpu_training.checkpoint.reshard.load_plain_resharded`).
+        """
+        if format_of(ckpt.manifest(path)) is PLAIN:
+            state = ckpt.load_plain_into(run.model, run.optimizer, path)
+            return state, dict(state.get("extra") or {})
         plain = ckpt.load_sharded(run.model, run.optimizer, path)
         return plain, plain
 
@@ -423,6 +451,7 @@ class DeepSpeedCheckpointFormat:
     label = DEEPSPEED_FORMAT
     loader = "CheckpointManager.load_deepspeed()"
     lists_every_file = True
+    shards = True
 
     def __repr__(self) -> str:
         return "DeepSpeedCheckpointFormat()"

@@ -391,6 +391,32 @@ class CheckpointManager:
 
         return load_sharded(self.store, self.ctx, model, optimizer, path_or_step)
 
+    def load_plain_into(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        path_or_step: PathOrStep | None = None,
+    ) -> dict[str, Any]:
+        """Loads a plain checkpoint into a sharded (FSDP2) model and its optimizer; every rank.
+
+        Any world size; rank 0 broadcasts tensor by tensor from the memory-mapped file. See
+        :func:`.reshard.load_plain_resharded`.
+
+        Args:
+            model: The model to fill, sharded with ``fully_shard`` or not.
+            optimizer: Its optimizer.
+            path_or_step: A checkpoint directory, a step number, or None for the newest.
+
+        Returns:
+            The saved state without its model and optimizer (run state and ``"extra"``).
+
+        Raises:
+            CheckpointError: On every rank if the checkpoint is missing, damaged or mismatched.
+        """
+        from gpu_training.checkpoint.reshard import load_plain_resharded
+
+        return load_plain_resharded(self.store, self.ctx, model, optimizer, path_or_step)
+
     def save_deepspeed(
         self, engine: Any, step: int, *, extra: Mapping[str, Any] | None = None
     ) -> Path | None:

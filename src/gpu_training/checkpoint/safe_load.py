@@ -182,11 +182,13 @@ def check_pickles(
             raise CheckpointError(message) from exc
 
 
-def load_plain(file: Path) -> dict[str, Any]:
+def load_plain(file: Path, *, mmap: bool = False) -> dict[str, Any]:
     """``torch.load(file, weights_only=True)``, which must hold a dict.
 
     Args:
         file: A ``state.pt`` or ``extra.pt``.
+        mmap: Map the tensors' storage instead of reading it: a tensor's pages are read
+            when it is used (and are the page cache's, not the process's, to keep).
 
     Returns:
         The dict it holds, tensors on the CPU.
@@ -200,7 +202,7 @@ def load_plain(file: Path) -> dict[str, Any]:
     from gpu_training.checkpoint.files import CheckpointError
 
     try:
-        value = torch.load(file, map_location="cpu", weights_only=True)
+        value = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:
         # torch's own text suggests weights_only=False: the one advice not to give here
         message = refused_message(file, exc, hint=None)  # weights_only, whatever the trust

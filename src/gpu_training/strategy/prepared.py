@@ -16,7 +16,8 @@ The strategy also owns its checkpoint format, picked once by :func:`prepare`
 (:attr:`Prepared.checkpoint_format`, a :class:`~gpu_training.checkpoint.CheckpointFormat`):
 ``run.save_checkpoint`` writes the model and optimizer the strategy's way (one ``state.pt``
 from rank 0, DCP shards, DeepSpeed's files) beside the plain run state every format shares,
-and ``run.load_checkpoint`` reads them back.
+and ``run.load_checkpoint`` reads them back — or another strategy's, at any world size, where
+the format can load it (none/DDP and FSDP2 load each other's: ``CheckpointFormat.can_load``).
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class Prepared:
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Loads the model and optimizer in place from a checkpoint :meth:`save_checkpoint` wrote.
 
-        Every rank calls it. The run state comes back for
+        Every rank calls it. A checkpoint of another format is read when this strategy's format
+        can load it (resharded: a plain one into FSDP2 shards, a sharded one into whole tensors). The run state comes back for
         :func:`~gpu_training.resume.restore_run_state`, the one place that puts it back
         whatever the format.
 
@@ -139,8 +141,8 @@ class Prepared:
             ``(run_state, extra)``: the run state saved, and the caller's extra.
 
         Raises:
-            CheckpointError: If the checkpoint is missing, damaged, of another format or
-                refused by the allow-lists.
+            CheckpointError: If the checkpoint is missing, damaged, of a format this strategy
+                cannot load, of another model or refused by the allow-lists.
         """
         return self.checkpoint_format.load(ckpt, self, path)
 
