@@ -263,6 +263,9 @@ launch/k8s-without-image             | launch --k8s --nproc 1 {{script}}        
 launch/port-word                     | launch --slurm --nproc 1 --port x {{script}} | --port; 'x'
 launch/restart-policy-unknown        | launch --k8s --image i --nproc 1 --restart-policy Sometimes {{script}} | Sometimes
 launch/print-with-slurm              | launch --slurm --print --nproc 1 {{script}}  | --print; --slurm
+launch/slurm-time-within-warning     | launch --slurm --nproc 1 --time 1 {{script}} | --time; 90 s warning; '1'
+launch/slurm-gpu-request-unknown     | launch --slurm --nproc 1 --gpu-request all {{script}} | --gpu-request; 'all'
+launch/gpu-request-without-slurm     | launch --nproc 1 --gpu-request none {{script}} | --gpu-request; --slurm
 launch-cmd/missing-nproc             | launch-cmd train.py                          | --nproc; required
 launch-cmd/nproc-zero                | launch-cmd --nproc 0 train.py                | --nproc; >= 1
 launch-cmd/nnodes-zero               | launch-cmd --nproc 1 --nnodes 0 train.py     | --nnodes

@@ -27,7 +27,7 @@ from typing import Any
 __all__ = ["register"]
 
 _CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-_SLURM_ONLY = ("time", "partition", "job_name", "port", "submit")
+_SLURM_ONLY = ("time", "partition", "job_name", "port", "submit", "gpu_request")
 _K8S_ONLY = (
     "image",
     "name",
@@ -56,6 +56,7 @@ def register(subparsers: Any) -> None:
     """
     from gpu_training.commands.argtypes import non_negative_int, positive_int
     from gpu_training.launcher.k8s import RESTART_POLICIES
+    from gpu_training.launcher.slurm import GPU_REQUESTS
 
     register_launch_cmd(subparsers)  # the torchrun command lines only, nothing started
 
@@ -118,6 +119,12 @@ def register(subparsers: Any) -> None:
     slurm.add_argument("--job-name", metavar="NAME", help="job name (default: the script's)")
     slurm.add_argument(
         "--port", type=positive_int, metavar="PORT", help="rendezvous port on the first node"
+    )
+    slurm.add_argument(
+        "--gpu-request",
+        choices=GPU_REQUESTS,
+        help="how the script asks for GPUs: --gpus-per-node=N (the default), --gres=gpu:N, "
+        "or none (a CPU-only partition)",
     )
     parser.add_argument(
         "--cpus-per-node",
@@ -320,6 +327,7 @@ def _slurm(args: argparse.Namespace, target: str, script_args: list[str], *, mod
             job_name=args.job_name or (Path(args.target).stem if module else None),
             port=args.port,
             cpus_per_node=args.cpus_per_node,
+            gpu_request=args.gpu_request or "gpus-per-node",
         )
     except ValueError as err:
         raise _usage(_flag(str(err).split(" ", 1)[0]) + " " + str(err).split(" ", 1)[1]) from None
@@ -335,6 +343,12 @@ def _slurm(args: argparse.Namespace, target: str, script_args: list[str], *, mod
         ) from None
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
+    if done.returncode and "gres" in done.stderr.lower() and not args.gpu_request:
+        print(
+            "gpu-training launch: no GPUs on that partition? --gpu-request none leaves the GPU "
+            "request out (--gpu-request gres writes --gres=gpu:N)",
+            file=sys.stderr,
+        )
     return done.returncode
 
 
