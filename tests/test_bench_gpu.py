@@ -37,3 +37,17 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
     proc = run_python([str(SCRIPT)], timeout=60)
     assert proc.returncode == 0
     assert proc.stdout.strip() == "bench_gpu: no CUDA device on this machine: nothing to measure"
+
+
+def test_the_prepared_gpu_session_parses_and_its_job_file_is_valid() -> None:
+    """benchmarks/gpu_session.sh is what a lent GPU runs first: a syntax error or a bad job
+    file there costs a machine start."""
+    import subprocess
+
+    from gpu_training.job import load_job
+
+    session = REPO_ROOT / "benchmarks" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(session)], check=False).returncode == 0
+    job = load_job(REPO_ROOT / "benchmarks" / "gpt2_124m.yaml")
+    assert job.task.options["n_layer"] == 12 and job.task.options["vocab_size"] == 50304
+    assert "gpt2_124m.yaml" in session.read_text()

@@ -406,6 +406,9 @@ def test_make_fits_stops_at_a_real_cuda_oom_without_leaking() -> None:
     torch.cuda.set_per_process_memory_fraction(2 * 2**30 / total, device)
     try:
         model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 10)).to(device)
+        # Garbage of earlier tests (a failed test's frames) would be freed by the probes'
+        # own collection and read as "less than before": collect it first.
+        gc.collect()
         baseline = torch.cuda.memory_allocated(device)
 
         def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -415,6 +418,7 @@ def test_make_fits_stops_at_a_real_cuda_oom_without_leaking() -> None:
         result = search_max_batch_size(fits, min_batch=1, max_batch=2**20)
         assert 1 < result.best_fitting < 2**20  # an OOM, not the ceiling, ended the search
         assert any(not ok for _, ok in result.probes)
+        gc.collect()
         assert torch.cuda.memory_allocated(device) == baseline  # probes left nothing behind
         assert fits(result.recommended)  # the recommendation trains after the OOMs
     finally:

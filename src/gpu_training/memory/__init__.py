@@ -33,6 +33,7 @@ from gpu_training._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # budget (no torch)
+    "CUBLAS_HANDLES_PER_STEP": "budget",
     "DEFAULT_OVERHEAD_BYTES": "budget",
     "LAYOUTS": "budget",
     "OPTIMIZER_STATE_BYTES": "budget",
@@ -40,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "MemoryEstimate": "budget",
     "ModelStateBytes": "budget",
     "TransformerShape": "budget",
+    "cublas_workspace_bytes": "budget",
     "format_bytes": "budget",
     "model_state_bytes": "budget",
     "parse_layout": "budget",
@@ -65,6 +67,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "CUBLAS_HANDLES_PER_STEP",
     "DEFAULT_OVERHEAD_BYTES",
     "LAYOUTS",
     "OPTIMIZER_STATE_BYTES",
@@ -76,6 +79,7 @@ __all__ = [
     "OOMDiagnosis",
     "TransformerShape",
     "clear_cuda_cache",
+    "cublas_workspace_bytes",
     "detect_blocks",
     "estimate_memory",
     "explain_oom",
@@ -96,6 +100,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from gpu_training.memory.budget import (
+        CUBLAS_HANDLES_PER_STEP,
         DEFAULT_OVERHEAD_BYTES,
         LAYOUTS,
         OPTIMIZER_STATE_BYTES,
@@ -103,6 +108,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         MemoryEstimate,
         ModelStateBytes,
         TransformerShape,
+        cublas_workspace_bytes,
         format_bytes,
         model_state_bytes,
         parse_layout,

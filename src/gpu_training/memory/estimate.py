@@ -221,6 +221,9 @@ def _profile_model(
         device=device.type,
         method=method,
         notes=tuple(notes),
+        cuda_capability_major=(
+            torch.cuda.get_device_capability(sim_device)[0] if sim_device.type == "cuda" else None
+        ),
     )
 
 

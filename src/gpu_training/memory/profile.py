@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 from gpu_training.config.checks import check_int_argument
 from gpu_training.memory.budget import (
+    CUBLAS_HANDLES_PER_STEP,
     DEFAULT_OVERHEAD_BYTES,
     MemoryBudgetError,
     MemoryEstimate,
+    cublas_workspace_bytes,
     format_bytes,
     parse_layout,
 )
@@ -110,6 +112,9 @@ class MemoryProfile:
     """The step with 16-bit parameters and no autocast, as FSDP's mixed precision and
     DeepSpeed's bf16 run it (None in fp32, or when measured for real)."""
     sixteen_bit_checkpoint_samples: tuple[StepSample, StepSample] | None = None
+    cuda_capability_major: int | None = None
+    """The measuring GPU's compute capability (major), for its cuBLAS workspace; None when
+    none was there (the estimate then assumes Hopper's)."""
 
     def _pair(
         self, checkpointing: bool, sixteen_bit: bool = False
@@ -223,6 +228,13 @@ class MemoryProfile:
         forward_backward = w_s + o_s + backward + extra
         optimizer_step = w_s + g_s + o_s + scratch + inputs
         peak = max(forward_backward, optimizer_step)
+        if self.device == "cuda":
+            workspace = cublas_workspace_bytes(self.cuda_capability_major)
+            peak += CUBLAS_HANDLES_PER_STEP * workspace
+            notes.append(
+                f"cuBLAS workspaces: {CUBLAS_HANDLES_PER_STEP} x {format_bytes(workspace)} "
+                "(the forward's and the backward's threads)"
+            )
         resident = w_s + g_s + o_s + acts
         if overhead_bytes is None:
             overhead_bytes = DEFAULT_OVERHEAD_BYTES if self.device == "cuda" else 0
