@@ -91,7 +91,14 @@ def test_windows_reset_and_start_drops_warmup() -> None:
         ("NVIDIA H100 NVL", "bf16", 835.5),
         ("NVIDIA H200", "bf16", 989.4),
         ("NVIDIA H200 NVL", "tf32", 417.5),
+        ("NVIDIA B200", "bf16", 2250.0),
+        ("NVIDIA L40S", "bf16", 362.05),
+        ("NVIDIA A10G", "bf16", 70.0),
+        ("NVIDIA A10", "tf32", 62.5),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+        ("AMD Instinct MI300X", "bf16", 1307.4),
         ("Tesla V100-SXM2-32GB", "fp16", None),
+        ("NVIDIA GeForce RTX 3090", "bf16", None),
     ],
 )
 def test_peak_table(name: str, precision: str, peak: float | None) -> None:

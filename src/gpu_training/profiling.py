@@ -3,7 +3,7 @@
 - :func:`find_max_batch_size` / :func:`make_fits`: the largest batch that really fits
   (defined in :mod:`gpu_training.batch_finder`);
 - :class:`ThroughputMeter`, :func:`flops_per_token`, :func:`peak_tflops`: samples/s,
-  tokens/s and model FLOPs utilisation against an A100/H100/H200 peak table (defined in
+  tokens/s and model FLOPs utilisation against a datasheet peak table (defined in
   :mod:`gpu_training.throughput`);
 - :func:`profile_steps`: a ``torch.profiler`` trace of N steps (defined in
   :mod:`gpu_training.traces`).

@@ -4,7 +4,8 @@
 a window of steps into a :class:`ThroughputStats` (per rank and job-wide rates, TFLOP/s per
 GPU, MFU). MFU is achieved model FLOP/s over the GPU's peak: :func:`flops_per_token` gives
 the model's training FLOPs per token (``6·N + 12·L·H·Q·T``) and :func:`peak_tflops` looks
-the peak up in :data:`PEAK_TFLOPS` (A100/H100/H200, dense). The batch-size finder lives in
+the peak up in :data:`PEAK_TFLOPS` (dense; B200, H200, H100, A100, L40S, A10G, A10, RTX 4090,
+MI300X). The batch-size finder lives in
 :mod:`gpu_training.profiling`, which re-exports everything here.
 
 Example:
@@ -29,6 +30,7 @@ __all__ = [
     "ThroughputMeter",
     "ThroughputStats",
     "flops_per_token",
+    "no_mfu_note",
     "peak_tflops",
 ]
 
@@ -36,16 +38,35 @@ __all__ = [
 # --- FLOPs and peaks -----------------------------------------------------------------------
 
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    # Dense tensor-core peaks from NVIDIA's datasheets (the "with sparsity" figures halved).
+    # Dense tensor-core peaks (fp32: the non-tensor rate) from the vendors' datasheets, the
+    # "with sparsity" figures halved. Each row names its source.
+    # NVIDIA B200 (HGX B200 datasheet, 8 GPUs: 36 PF bf16 / 18 PF tf32 sparse, 600 TF fp32).
+    "B200": {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0},
+    # NVIDIA H200 / H100 datasheets (SXM; NVL and PCIe boards are slower and come first).
     "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
     "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
     "H100": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},  # SXM5 (HBM3)
-    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},  # SXM4 and PCIe
+    # NVIDIA A100 datasheet (SXM4 and PCIe); before "A10", which it contains.
+    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    # NVIDIA L40S datasheet (362.05 | 733 TF bf16, 183 | 366 TF tf32, 91.6 TF fp32).
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
+    # AWS's A10G (g5 instances): NVIDIA publishes no datasheet; 70 TF bf16 dense and 35 TF
+    # fp32 as third-party comparisons give them (Baseten, "A10 vs A10G"), tf32 at half the
+    # bf16 rate as on every Ampere part: approximate, and below the A10's tensor rates.
+    "A10G": {"fp32": 35.0, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0},
+    # NVIDIA A10 datasheet (125 | 250 TF bf16, 62.5 | 125 TF tf32, 31.2 TF fp32).
+    "A10": {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+    # NVIDIA Ada Lovelace whitepaper, GeForce RTX 4090 (fp16/bf16 with fp32 accumulate).
+    "RTX 4090": {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
+    # AMD Instinct MI300X datasheet (ROCm names it "AMD Instinct MI300X").
+    "MI300X": {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4},
 }
 """Peak dense TFLOP/s per GPU by device-name fragment and precision; the first fragment found
-in ``torch.cuda.get_device_name()`` wins (so the NVL and PCIe variants come first)."""
+in ``torch.cuda.get_device_name()`` wins (so the NVL and PCIe variants come first). A GPU not
+here gets no MFU rather than a guessed peak (a default peak has reported 88% for a true 12%):
+give ``run.peak_tflops`` / ``--peak-tflops``."""
 
 
 def flops_per_token(
@@ -116,6 +137,23 @@ def peak_tflops(device: str | torch.device | None = None, precision: str = "bf16
         if fragment in name:
             return peaks[precision]
     return None
+
+
+def no_mfu_note(device_name: str, peak: float | None, flops_per_token: float | None) -> str | None:
+    """The one line a run prints when a GPU's MFU cannot be known (None when it can be).
+
+    Example:
+        >>> no_mfu_note("Tesla V100-SXM2-32GB", None, 1e9)
+        "MFU: no peak known for 'Tesla V100-SXM2-32GB' (not in PEAK_TFLOPS); set run.peak_tflops to see it"
+        >>> no_mfu_note("NVIDIA H200", 989.4, 1e9) is None, no_mfu_note("X", None, None) is None
+        (True, True)
+    """
+    if peak is not None or not flops_per_token:
+        return None
+    return (
+        f"MFU: no peak known for {device_name!r} (not in PEAK_TFLOPS); "
+        "set run.peak_tflops to see it"
+    )
 
 
 _table_peak = peak_tflops  # ThroughputMeter's argument of the same name shadows it

@@ -65,7 +65,7 @@ from gpu_training.step import step_batches, train_step
 from gpu_training.strategy.job_check import check_job
 from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, build_task, count_scored
-from gpu_training.throughput import ThroughputMeter
+from gpu_training.throughput import ThroughputMeter, no_mfu_note
 from gpu_training.trackers import tracker_params
 from gpu_training.watchdog import StallWatchdog
 
@@ -377,6 +377,12 @@ class Trainer:
             device=run.device,
             precision=run.precision,
         )
+        if run.device.type == "cuda":  # said once per run, not on every log line
+            note = no_mfu_note(
+                torch.cuda.get_device_name(run.device), meter.peak_tflops, task.flops_per_token
+            )
+            if note:
+                self.print(note)
         loss_fn = task.loss_sum or task.loss_fn
         count_fn = task.count_targets or count_scored
         with (

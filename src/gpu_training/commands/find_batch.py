@@ -93,7 +93,7 @@ def register(subparsers: Any) -> None:
         "--peak-tflops",
         type=parse_positive_float,
         metavar="T",
-        help="this GPU's peak TFLOP/s for MFU (default: A100/H100/H200 table)",
+        help="this GPU's peak TFLOP/s for MFU (default: the datasheet table, PEAK_TFLOPS)",
     )
     find.add_argument("--json", action="store_true", help="print one JSON document")
     find.set_defaults(_run=_run_find_batch)
