@@ -108,6 +108,7 @@ def main() -> None:
             precision=cfg.precision,
             grad_accum_steps=sampler.gradient_accumulation_steps,
             max_grad_norm=cfg.max_grad_norm,
+            max_nonfinite_steps=cfg.max_nonfinite_steps,  # a NaN step skipped on every rank
         )
         ckpt = CheckpointManager(args.checkpoint_dir, ctx=ctx, keep_last_n=2)
         loss_fn = nn.CrossEntropyLoss()

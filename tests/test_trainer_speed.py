@@ -196,15 +196,22 @@ def test_stall_timeout_ends_a_stuck_run_naming_the_step(tmp_path: Path, where: s
     assert elapsed < 25, f"the watchdog took {elapsed:.0f} s"
 
 
-@pytest.mark.parametrize(("max_grad_norm", "measured"), [(None, 3), (1.0, 6)])
+@pytest.mark.parametrize(
+    ("max_grad_norm", "guard", "measured"), [(None, None, 3), (1.0, None, 6), (None, 5, 6)]
+)
 def test_trainer_measures_the_norm_only_where_it_is_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_grad_norm: float | None, measured: int
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    max_grad_norm: float | None,
+    guard: int | None,
+    measured: int,
 ) -> None:
     """Without clipping only the log steps (2, 4, 6 of 6) measure a norm; clipping measures
-    every step's anyway, and the logged value is the window's mean as before."""
+    every step's anyway, and so does the non-finite guard (its flag is the norm); the logged
+    value is the window's mean as before."""
     job = _job(tmp_path, log_every=2)
     data = job.to_dict()
-    data["training"].update(max_steps=6, max_grad_norm=max_grad_norm)
+    data["training"].update(max_steps=6, max_grad_norm=max_grad_norm, max_nonfinite_steps=guard)
     job = JobConfig.from_dict(data)
     calls = 0
     real = torch.nn.utils.clip_grad._get_total_norm

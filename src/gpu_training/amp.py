@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 
 __all__ = [
     "GradNorm",
     "MixedPrecisionStepper",
     "MixedPrecisionTrainer",
+    "NonFiniteError",
+    "NonFiniteStep",
     "Precision",
     "autocast_dtype",
     "needs_grad_scaler",
@@ -252,6 +256,64 @@ def _finish_norm(norm: torch.Tensor, skipped: bool) -> torch.Tensor:
     return norm
 
 
+class NonFiniteError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN/Inf (``training.max_nonfinite_steps``).
+
+    Raised on every rank at the same step (each saw the same flags), so no rank is left in a
+    collective; the message names the step, the ranks whose loss was non-finite and the first
+    non-finite gradient.
+    """
+
+
+@dataclass(frozen=True)
+class NonFiniteStep:
+    """What a step skipped for a NaN/Inf found, the same on every rank (see
+    :class:`MixedPrecisionStepper`'s ``max_nonfinite_steps``)."""
+
+    loss_ranks: tuple[int, ...]
+    """Ranks whose loss was NaN/Inf in one of the step's micro-batches (empty: only the
+    gradients were: an overflow, or a NaN that arose in backward)."""
+
+    parameter: str | None
+    """The first parameter, in the model's order, whose gradient held a NaN/Inf (after the
+    gradients' all-reduce, so the same on every rank); None without parameter names."""
+
+    in_a_row: int
+    """Non-finite steps in a row, this one included."""
+
+    def describe(self) -> str:
+        """``non-finite loss on rank 1 (first non-finite gradient: fc.weight)``."""
+        where = (
+            f"loss on rank{'s' if len(self.loss_ranks) > 1 else ''} "
+            + ",".join(map(str, self.loss_ranks))
+            if self.loss_ranks
+            else "gradients (the loss was finite on every rank)"
+        )
+        grad = f" (first non-finite gradient: {self.parameter})" if self.parameter else ""
+        return f"non-finite {where}{grad}"
+
+
+def _param_name(name: str) -> str:
+    """A parameter's name as the user's model has it (without DDP's / compile's wrappers)."""
+    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def _first_nonfinite(named: Iterable[tuple[str, torch.nn.Parameter]]) -> int:
+    """Index, in ``named``'s order, of the first parameter whose gradient (this rank's part
+    of it under FSDP2) holds a NaN/Inf; -1 if none does. One host sync per parameter: for
+    the rare skipped step only."""
+    for index, (_, param) in enumerate(named):
+        grad = param.grad
+        if grad is None:
+            continue
+        local = grad.to_local() if hasattr(grad, "to_local") else grad  # an FSDP2 shard
+        if local.numel() and not bool(torch.isfinite(local).all()):
+            return index
+    return -1
+
+
 class MixedPrecisionStepper:
     """One interface for fp32, fp16 and bf16 steps, with gradient accumulation and clipping.
 
@@ -263,6 +325,16 @@ class MixedPrecisionStepper:
         max_grad_norm: Clip the global gradient norm to this value (``None``: no clipping; the
             norm is then measured only when read, see :class:`GradNorm`).
         device: Device whose autocast to use (default: where the optimizer's parameters live).
+        max_nonfinite_steps: Skip any step whose gradients hold a NaN/Inf, in every precision,
+            on every rank alike, and tell the loop after this many in a row
+            (:attr:`nonfinite_in_a_row`; the Trainer then stops). The flag every rank agrees
+            on is the global gradient norm's finiteness: after DDP's all-reduce (or FSDP's
+            norm all-reduce) every rank holds the same value, and a rank's NaN loss reaches
+            its gradients and so every rank's, so no collective is added; the host reads it
+            once per step (one sync). On a skip the ranks gather which of them had a
+            non-finite loss and the first non-finite gradient (:attr:`last_nonfinite`). In
+            fp16 the loss scaler's overflow skips (its calibration) are not counted unless
+            a loss was non-finite. ``None``: off (fp16 still skips overflows, as always).
 
     Example:
         >>> import torch
@@ -285,9 +357,12 @@ class MixedPrecisionStepper:
         grad_accum_steps: int = 1,
         max_grad_norm: float | None = None,
         device: torch.device | str | None = None,
+        max_nonfinite_steps: int | None = None,
     ) -> None:
         if grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
+        if max_nonfinite_steps is not None and max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1 or None, got {max_nonfinite_steps}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
         self.optimizer = optimizer
@@ -302,6 +377,12 @@ class MixedPrecisionStepper:
         )
         self.skipped_steps = 0
         self.last_step_skipped = False
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.nonfinite_in_a_row = 0
+        """Steps in a row skipped for a NaN/Inf (with ``max_nonfinite_steps``)."""
+        self.last_nonfinite: NonFiniteStep | None = None
+        """The last step's diagnosis when it was skipped for a NaN/Inf, else None."""
+        self._loss_ok: torch.Tensor | None = None  # this rank's micro-batch losses all finite
         self._unread: GradNorm | None = None  # its gradients go at the next forward
 
     @property
@@ -326,11 +407,20 @@ class MixedPrecisionStepper:
         """Divide by the accumulation steps, scale (fp16), and backpropagate."""
         if self._unread is not None:
             self._drop_unread()
+        if self.max_nonfinite_steps is not None:  # a device op, read only on a skip
+            finite = torch.isfinite(loss.detach()).all()
+            self._loss_ok = finite if self._loss_ok is None else self._loss_ok & finite
         if self.grad_accum_steps > 1:  # x / 1 is x, but costs an op and an autograd node
             loss = loss / self.grad_accum_steps
         self._scaler.scale(loss).backward()
 
-    def step(self, params: Iterable[torch.nn.Parameter], micro_step: int) -> float | None:
+    def step(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        micro_step: int,
+        *,
+        names: Callable[[], Iterable[tuple[str, torch.nn.Parameter]]] | None = None,
+    ) -> float | None:
         """Step the optimizer if ``micro_step`` closes an accumulation window.
 
         On a boundary, in this order: unscale (so clipping sees true magnitudes), clip,
@@ -340,16 +430,23 @@ class MixedPrecisionStepper:
         Args:
             params: The parameters whose gradients are clipped and measured.
             micro_step: 0-based micro-batch index (see :func:`should_step`).
+            names: ``model.named_parameters``, to name a non-finite gradient (see
+                :meth:`step_async`).
 
         Returns:
             The global gradient norm before clipping (``inf``/``nan`` when the fp16 step was
             skipped for overflow), or None off a boundary.
         """
-        norm = self.step_async(params, micro_step, norm=True)
+        norm = self.step_async(params, micro_step, norm=True, names=names)
         return None if norm is None else norm.item()
 
     def step_async(
-        self, params: Iterable[torch.nn.Parameter], micro_step: int, *, norm: bool = False
+        self,
+        params: Iterable[torch.nn.Parameter],
+        micro_step: int,
+        *,
+        norm: bool = False,
+        names: Callable[[], Iterable[tuple[str, torch.nn.Parameter]]] | None = None,
     ) -> GradNorm | None:
         """:meth:`step`, returning the gradient norm as a :class:`GradNorm` handle.
 
@@ -362,6 +459,8 @@ class MixedPrecisionStepper:
             params: The parameters whose gradients are clipped and measured.
             micro_step: 0-based micro-batch index (see :func:`should_step`).
             norm: Measure the norm at the step even without clipping.
+            names: ``model.named_parameters`` (called only when a step is skipped for a
+                NaN/Inf, to name the first non-finite gradient).
 
         Returns:
             The norm before clipping (``inf`` when an fp16 step was skipped for overflow), or
@@ -387,16 +486,32 @@ class MixedPrecisionStepper:
                 value = torch.nn.utils.get_total_norm(
                     [p.grad for p in params if p.grad is not None]
                 )
+        guarded = self.max_nonfinite_steps is not None
+        nonfinite = False
+        if guarded:  # the flag every rank agrees on: the global norm's finiteness
+            if value is None:
+                value = torch.nn.utils.get_total_norm(
+                    [p.grad for p in params if p.grad is not None]
+                )
+            nonfinite = not bool(torch.isfinite(_finish_norm(value, False)))
+        loss_ok, self._loss_ok = self._loss_ok, None
         pending = None if value is not None else GradNorm._unmeasured(params, owners, grads, False)
+        self.last_nonfinite = None
+        if nonfinite:  # every rank is here: the norm is the same everywhere
+            self.last_nonfinite = self._diagnose(loss_ok, names)
         scale_before = self._scaler.get_scale() if self._scaler.is_enabled() else None
-        self._scaler.step(self.optimizer)  # skips the step when a gradient is inf/NaN
-        self._scaler.update()
-        # The scaler halves its scale exactly when it skipped the step for an overflow.
-        self.last_step_skipped = (
-            scale_before is not None and self._scaler.get_scale() < scale_before
-        )
+        if nonfinite and not self._scaler.is_enabled():
+            skipped = True  # bf16/fp32: nothing else would have stopped this step
+        else:
+            self._scaler.step(self.optimizer)  # skips the step when a gradient is inf/NaN
+            self._scaler.update()
+            # The scaler halves its scale exactly when it skipped the step for an overflow.
+            skipped = scale_before is not None and self._scaler.get_scale() < scale_before
+        self.last_step_skipped = skipped
         if self.last_step_skipped:
             self.skipped_steps += 1
+        if guarded and self.last_nonfinite is None:
+            self.nonfinite_in_a_row = 0
         self.optimizer.zero_grad(set_to_none=True)
         if pending is None:
             assert value is not None
@@ -406,6 +521,34 @@ class MixedPrecisionStepper:
             self._unread._release()
         self._unread = pending
         return pending
+
+    def _diagnose(
+        self,
+        loss_ok: torch.Tensor | None,
+        names: Callable[[], Iterable[tuple[str, torch.nn.Parameter]]] | None,
+    ) -> NonFiniteStep | None:
+        """Which ranks' losses were non-finite, and the first non-finite gradient: one small
+        all-gather, on every rank (each reaches it on the same step). Updates the count in a
+        row; None for an fp16 overflow with finite losses (the scaler's calibration)."""
+        loss_bad = loss_ok is not None and not bool(loss_ok)
+        index = _first_nonfinite(names()) if names is not None else -1
+        flags = [(int(loss_bad), index)]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            from gpu_training.process_group import collective_device
+
+            mine = torch.tensor([int(loss_bad), index], device=collective_device())
+            every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(every, mine)
+            flags = [(int(t[0]), int(t[1])) for t in every]
+        ranks = tuple(r for r, (bad, _) in enumerate(flags) if bad)
+        if self._scaler.is_enabled() and not ranks:
+            return None  # an fp16 overflow: the scaler skips it and lowers its scale
+        self.nonfinite_in_a_row += 1
+        found = [i for _, i in flags if i >= 0]  # FSDP2: each rank saw only its shards
+        name = None
+        if found and names is not None:
+            name = next(_param_name(n) for i, (n, _) in enumerate(names()) if i == min(found))
+        return NonFiniteStep(loss_ranks=ranks, parameter=name, in_a_row=self.nonfinite_in_a_row)
 
     def _drop_unread(self) -> None:
         assert self._unread is not None

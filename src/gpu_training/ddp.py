@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from gpu_training.amp import MixedPrecisionStepper
+from gpu_training.amp import MixedPrecisionStepper, NonFiniteError
 from gpu_training.data import GlobalBatchSampler
 from gpu_training.dist_init import (
     DEFAULT_TIMEOUT,
@@ -430,12 +430,21 @@ def train_one_epoch(
             count_fn=count_fn or count_scored,
             check_counts=steps == 0,
         )
-        losses.extend(step_losses)
+        bad = stepper.last_nonfinite
+        if bad is not None:  # skipped on every rank (max_nonfinite_steps): keep its NaN out
+            limit = stepper.max_nonfinite_steps
+            if limit is not None and bad.in_a_row >= limit:
+                raise NonFiniteError(
+                    f"step {first_step + steps + 1}: {bad.describe()}; {bad.in_a_row} steps in "
+                    "a row were non-finite, each skipped on every rank"
+                )
+        else:
+            losses.extend(step_losses)
+            micro_batches += len(batches)
         if len(losses) >= 256:
             loss_sum += torch.stack(losses).sum(dtype=torch.float64)
             losses.clear()
         samples += sum(len(batch[1]) for batch in batches)
-        micro_batches += len(batches)
         steps += 1
         if stepper.last_step_skipped:
             skipped += 1

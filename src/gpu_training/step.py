@@ -103,10 +103,10 @@ def step_fns(model: nn.Module, stepper: MixedPrecisionStepper) -> StepFns:
         return gradient_sync(model, enabled=False)
 
     def step(micro_step: int) -> float | None:
-        return stepper.step(model.parameters(), micro_step)
+        return stepper.step(model.parameters(), micro_step, names=model.named_parameters)
 
     def step_async(micro_step: int) -> GradNorm | None:
-        return stepper.step_async(model.parameters(), micro_step)
+        return stepper.step_async(model.parameters(), micro_step, names=model.named_parameters)
 
     return StepFns(
         sync=sync,

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gpu_training.amp import MixedPrecisionStepper, resolve_precision
+from gpu_training.amp import MixedPrecisionStepper, NonFiniteError, resolve_precision
 from gpu_training.checkpoint import CheckpointError, CheckpointManager
 from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.data import GlobalBatchSampler
@@ -405,9 +405,11 @@ class Trainer:
                         count_fn=count_fn,
                         check_counts=step == window.start_step,
                     )
-                    window.losses += micro_losses
                     if norm is None:  # pragma: no cover - every step_async steps at A
                         raise RuntimeError("the strategy did not step at the last micro-batch")
+                    skipped = self._nonfinite(run, step + 1)
+                    if not skipped:  # a NaN step's loss would make the window's mean NaN
+                        window.losses += micro_losses
                     run.scheduler.step()
                     step += 1
                     self.state.step = step
@@ -416,7 +418,7 @@ class Trainer:
                     log_step = step % self.job.run.log_every == 0 or step == run.total
                     # Clipping measures every step's norm anyway; without it only the
                     # log step's is measured (read before the next forward).
-                    if norm.computed or log_step:
+                    if not skipped and (norm.computed or log_step):
                         window.norms.append(norm.tensor())
                     meter.update(*self._step_size(run))
                     if self._cadence(run, writer, window, meter, watchdog, preemption, step):
@@ -480,7 +482,11 @@ class Trainer:
         step: int,
     ) -> None:
         """The log window's metrics, reduced over the ranks: written, printed, emitted."""
-        window_loss = torch.stack(window.losses).double().mean()
+        window_loss = (
+            torch.stack(window.losses).double().mean()
+            if window.losses
+            else torch.tensor(math.nan)  # every step of the window was skipped
+        )
         metrics = reduce_scalar_dict({"loss": window_loss}, self.ctx)
         metrics.update(
             lr=float(run.scheduler.get_last_lr()[0]),
@@ -496,6 +502,27 @@ class Trainer:
         self._emit("on_log", metrics)
         window.losses.clear()
         window.norms.clear()
+
+    def _nonfinite(self, run: _Run, step: int) -> bool:
+        """Whether step ``step`` (1-based) was skipped for a NaN/Inf, said on rank 0; every
+        rank raises :class:`~gpu_training.amp.NonFiniteError` alike at the limit in a row."""
+        amp = run.amp
+        bad = amp.last_nonfinite if amp is not None else None
+        if amp is None or bad is None:
+            return False
+        limit = amp.max_nonfinite_steps
+        if limit is not None and bad.in_a_row >= limit:
+            raise NonFiniteError(
+                f"step {step}: {bad.describe()}; {bad.in_a_row} steps in a row were "
+                "non-finite, each skipped on every rank: the run stops (its last checkpoint "
+                "is intact). Lower the learning rate, look at the data of these steps, or "
+                "raise training.max_nonfinite_steps"
+            )
+        self.print(
+            f"warning: step {step}: {bad.describe()}: skipped on every rank "
+            f"({bad.in_a_row} in a row; the run stops at {limit})"
+        )
+        return True
 
     # --- pieces of the run --------------------------------------------------------------
 

@@ -85,6 +85,12 @@ class TrainingConfig:
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this value; ``None`` disables clipping."""
 
+    max_nonfinite_steps: int | None = 5
+    """A step whose loss or gradients hold a NaN/Inf on any rank is skipped on every rank
+    alike (in every precision), with a warning naming the rank and the first non-finite
+    gradient; this many in a row stop the run. ``None``: no guard (and no host sync per
+    step for it); fp16's loss scaler still skips overflows."""
+
     weight_decay: float = 0.0
     """Decoupled weight decay for AdamW."""
 
@@ -124,6 +130,7 @@ class TrainingConfig:
         check_choice("precision", self.precision, PRECISIONS)
         if self.max_grad_norm is not None:
             check_float("max_grad_norm", self.max_grad_norm, minimum=0.0, strict=True)
+        check_optional_int("max_nonfinite_steps", self.max_nonfinite_steps, 1)
         check_float("weight_decay", self.weight_decay, minimum=0.0, strict=False)
         check_int("seed", self.seed, 0)
         if self.max_steps is not None and self.warmup_steps > self.max_steps:

@@ -270,6 +270,7 @@ def prepare(
         grad_accum_steps=config.gradient_accumulation_steps,
         max_grad_norm=config.max_grad_norm,
         device=dev,
+        max_nonfinite_steps=config.max_nonfinite_steps,
     )
     return Prepared(
         model=wrapped,

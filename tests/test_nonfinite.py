@@ -1,0 +1,223 @@
+"""A NaN/Inf on any rank is skipped on every rank alike, in every precision, and named.
+
+The stepper's guard (``max_nonfinite_steps``) in one process; then the Trainer on 2 gloo
+ranks (DDP and FSDP2, bf16 and fp32) with a NaN planted in rank 1's loss at step 7
+(tests/scripts/nan_charlm.py): every rank skips step 7, the weights stay finite and equal
+across the ranks, the warning names rank 1, and a NaN that never goes away stops the run at
+the limit on every rank. Without the guard (the negative control) the NaN reaches every
+replica's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from dist_harness import REPO_ROOT, TESTS_DIR, run_python
+from gpu_training.amp import MixedPrecisionStepper, NonFiniteStep
+from gpu_training.config import ConfigError
+from gpu_training.job import JobConfig
+
+# --- the stepper, in one process ----------------------------------------------------------------
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8, bias=False), nn.Tanh(), nn.Linear(8, 1, bias=False))
+
+
+def _step(stepper: MixedPrecisionStepper, model: nn.Module, poison: float = 1.0) -> None:
+    with stepper.autocast():
+        loss = model(torch.ones(3, 4)).float().pow(2).mean() * poison
+    stepper.backward(loss)
+    stepper.step_async(model.parameters(), 0, names=model.named_parameters)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_nan_step_is_skipped_counted_and_named(precision: str) -> None:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    stepper = MixedPrecisionStepper(opt, precision, max_grad_norm=1.0, max_nonfinite_steps=3)
+    _step(stepper, model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    adam_steps = [float(opt.state[p]["step"]) for p in model.parameters()]
+
+    _step(stepper, model, poison=math.nan)
+    assert stepper.last_step_skipped and stepper.skipped_steps == 1
+    assert stepper.last_nonfinite == NonFiniteStep(
+        loss_ranks=(0,), parameter="0.weight", in_a_row=1
+    )
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [float(opt.state[p]["step"]) for p in model.parameters()] == adam_steps
+    assert "non-finite loss on rank 0 (first non-finite gradient: 0.weight)" in (
+        stepper.last_nonfinite.describe()
+    )
+
+    _step(stepper, model, poison=math.inf)
+    assert stepper.nonfinite_in_a_row == 2
+    _step(stepper, model)  # a finite step resets the count and trains
+    assert stepper.last_nonfinite is None and stepper.nonfinite_in_a_row == 0
+    assert not torch.equal(before["0.weight"], model.state_dict()["0.weight"])
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
+def test_gradients_alone_are_named_when_the_loss_was_finite() -> None:
+    model = _model()
+    model[2].weight.register_hook(lambda grad: grad * math.inf)
+    stepper = MixedPrecisionStepper(
+        torch.optim.SGD(model.parameters(), lr=0.1), "fp32", max_nonfinite_steps=2
+    )
+    _step(stepper, model)
+    bad = stepper.last_nonfinite
+    assert bad is not None and bad.loss_ranks == () and bad.parameter == "2.weight"
+    assert bad.describe().startswith("non-finite gradients (the loss was finite on every rank)")
+
+
+def test_without_the_guard_the_nan_reaches_the_weights() -> None:
+    """The negative control: the same NaN step with the guard off poisons the model."""
+    model = _model()
+    stepper = MixedPrecisionStepper(torch.optim.SGD(model.parameters(), lr=0.1), "fp32")
+    _step(stepper, model, poison=math.nan)
+    assert stepper.last_nonfinite is None and not stepper.last_step_skipped
+    assert not torch.isfinite(model.state_dict()["0.weight"]).all()
+
+
+def test_max_nonfinite_steps_is_checked() -> None:
+    with pytest.raises(ValueError, match="max_nonfinite_steps must be >= 1"):
+        MixedPrecisionStepper(torch.optim.SGD(_model().parameters(), lr=0.1), max_nonfinite_steps=0)
+    with pytest.raises(ConfigError, match="max_nonfinite_steps"):
+        JobConfig.from_dict({"training": {"max_nonfinite_steps": 0}})
+    off = JobConfig.from_dict({"training": {"max_nonfinite_steps": None}})
+    on = JobConfig.from_dict({"training": {"max_nonfinite_steps": 3}})
+    assert off.config_hash() == on.config_hash()  # a safety stop, not the step's math
+
+
+# --- the Trainer on 2 gloo ranks ----------------------------------------------------------------
+
+STEPS = 10
+
+
+def _job(tmp_path: Path, strategy: str, precision: str, guard: int | None = 5) -> Path:
+    job = {
+        "task": "nan_charlm:task",
+        "task_options": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
+        "training": {
+            "global_batch_size": 8,
+            "per_device_batch_size": 4,
+            "learning_rate": 3e-3,
+            "warmup_steps": 2,
+            "max_steps": STEPS,
+            "precision": precision,
+            "seed": 3,
+            "max_nonfinite_steps": guard,
+        },
+        "strategy": {
+            "name": strategy,
+            **({"block_classes": ["Block"]} if strategy == "fsdp" else {}),
+        },
+        "checkpoint": {"every": STEPS, "keep_last_n": 1},
+        "run": {
+            "output_dir": str(tmp_path / "out"),
+            "log_every": 5,
+            "eval_every": STEPS,  # one evaluation, at the end: nan_charlm prints its weights
+            "progress": False,
+            "plot": False,
+            "tensorboard": False,
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def _train(job: Path, nan_steps: str) -> tuple[int, str]:
+    paths = [REPO_ROOT / "src", TESTS_DIR, TESTS_DIR / "scripts"]
+    proc = run_python(
+        ["-m", "gpu_training", "train", str(job), "--nproc", "2"],
+        timeout=150,
+        cwd=REPO_ROOT,
+        env={
+            "PYTHONPATH": ":".join(map(str, paths)),
+            "NAN_RANK": "1",
+            "NAN_STEPS": nan_steps,
+            "OMP_NUM_THREADS": "1",
+        },
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _final_model(out: Path) -> dict[str, Any]:
+    step = sorted((out / "checkpoints").glob("step-*"))[-1]
+    return torch.load(step / "state.pt", weights_only=True)["model_state"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("strategy", "precision"), [("ddp", "bf16"), ("ddp", "fp32"), ("fsdp", "bf16")]
+)
+def test_a_nan_on_rank_1_at_step_7_is_skipped_on_every_rank(
+    tmp_path: Path, strategy: str, precision: str
+) -> None:
+    rc, text = _train(_job(tmp_path, strategy, precision), "7")
+    assert rc == 0, text[-3000:]
+    assert (
+        text.count("warning: step 7: non-finite loss on rank 1 (first non-finite gradient: ") == 1
+    )
+    assert "skipped on every rank (1 in a row; the run stops at 5)" in text
+    rows = [
+        json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    ]
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in train] == [5, 10]
+    assert train[-1]["skipped_steps"] == 1.0  # the mean over ranks: every rank skipped it
+    assert all(math.isfinite(r["loss"]) for r in train)
+    if strategy == "ddp":  # replicas: every rank's weights, checksummed where they are
+        sums = {int(r): s for r, s in _re_all(r"WEIGHTS rank=(\d) sum=(\S+)", text)}
+        assert sums.keys() == {0, 1} and sums[0] == sums[1], text[-2000:]
+    if strategy == "fsdp":
+        assert _consolidated_is_finite(tmp_path / "out")
+    else:
+        assert all(torch.isfinite(v).all() for v in _final_model(tmp_path / "out").values())
+
+
+def _re_all(pattern: str, text: str) -> list[tuple[str, str]]:
+    import re
+
+    return re.findall(pattern, text)
+
+
+def _consolidated_is_finite(out: Path) -> bool:
+    from gpu_training.checkpoint import consolidate
+
+    step = sorted((out / "checkpoints").glob("step-*"))[-1]
+    target = consolidate(step, out / "full.pt")
+    tensors = torch.load(target, weights_only=True)
+    return bool(tensors) and all(torch.isfinite(v).all() for v in tensors.values())
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+def test_a_nan_that_stays_stops_the_run_on_every_rank_naming_rank_1(tmp_path: Path) -> None:
+    rc, text = _train(_job(tmp_path, "ddp", "fp32", guard=2), "3-")
+    assert rc != 0
+    assert "warning: step 3: non-finite loss on rank 1" in text
+    assert "NonFiniteError: step 4: non-finite loss on rank 1 (first non-finite gradient: " in text
+    assert "2 steps in a row were non-finite, each skipped on every rank" in text
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+def test_without_the_guard_the_nan_on_one_rank_poisons_every_replica(tmp_path: Path) -> None:
+    """The negative control of the test above: guard off, the NaN is all-reduced."""
+    rc, text = _train(_job(tmp_path, "ddp", "fp32", guard=None), "7")
+    assert rc == 0, text[-3000:]
+    assert "non-finite" not in text
+    assert not all(torch.isfinite(v).all() for v in _final_model(tmp_path / "out").values())
