@@ -68,6 +68,23 @@ def test_a_nan_step_is_skipped_counted_and_named(precision: str) -> None:
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
 
 
+def test_fp16_scaler_overflows_are_not_counted_but_a_nan_loss_is() -> None:
+    """fp16: the loss scaler's calibration skips (a finite loss whose scaled gradients
+    overflow) are its business, not a non-finite step; a NaN loss is both."""
+    model = _model()
+    stepper = MixedPrecisionStepper(
+        torch.optim.SGD(model.parameters(), lr=0.1), "fp16", device="cpu", max_nonfinite_steps=2
+    )
+    _step(stepper, model, poison=1e35)  # finite, but x 65536 overflows
+    assert stepper.last_step_skipped and stepper.last_nonfinite is None
+    assert stepper.nonfinite_in_a_row == 0 and stepper.loss_scale == 32768.0
+    _step(stepper, model, poison=math.nan)
+    assert stepper.last_step_skipped and stepper.nonfinite_in_a_row == 1
+    assert stepper.last_nonfinite is not None and stepper.last_nonfinite.loss_ranks == (0,)
+    _step(stepper, model)
+    assert not stepper.last_step_skipped and stepper.nonfinite_in_a_row == 0
+
+
 def test_gradients_alone_are_named_when_the_loss_was_finite() -> None:
     model = _model()
     model[2].weight.register_hook(lambda grad: grad * math.inf)
