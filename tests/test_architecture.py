@@ -25,6 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "amp",
             "schedule",
+            "flight_recorder",
+            "nonfinite",
             "dist_init",
             "process_group",
             "ddp",

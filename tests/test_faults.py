@@ -305,6 +305,9 @@ def _assert_named(cell: Cell, result: Outcome) -> None:
         assert re.search(r"exitcode\s*:\s*124\b", root) and "StallError" in root, root[:3000]
         verdicts = re.findall(r"stall detected by rank \d: (.*)", text)
         assert verdicts and all(v.startswith(f"rank {rank} stalled at ") for v in verdicts)
+        if cell.runner != "helper":  # train --stall-timeout: each rank's flight recorder
+            dumps = sorted(p.name for p in (result.out_dir / "flight_recorder").glob("*.json"))
+            assert dumps == ["rank0.json", "rank1.json"], (dumps, text[-2000:])
 
 
 # A known defect outside the failure path: gpu_training.checkpoint.collective's save_directory

@@ -174,8 +174,9 @@ def test_watchdog_names_a_rank_stuck_waiting_on_the_gpu(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_nccl_group_of_one_all_reduces_through_the_toolkit(tmp_path: Path) -> None:
     """NCCL itself, through the toolkit's init and doctor: a one-rank NCCL group (all one GPU
-    allows; NCCL refuses two ranks on one device) joins, all-reduces a CUDA tensor and is torn
-    down; doctor reports NCCL's version and the GPU's bf16 support."""
+    allows; NCCL refuses two ranks on one device) joins, all-reduces a CUDA tensor, shows in
+    the flight recorder's summary (what the stall watchdog compares) and is torn down; doctor
+    reports NCCL's version and the GPU's bf16 support."""
     import json
 
     from dist_harness import REPO_ROOT, find_free_port, run_python
@@ -183,20 +184,28 @@ def test_nccl_group_of_one_all_reduces_through_the_toolkit(tmp_path: Path) -> No
     script = tmp_path / "nccl.py"
     script.write_text(
         "import os, torch, torch.distributed as dist\n"
+        "from gpu_training import flight_recorder\n"
         "from gpu_training.process_group import cleanup_distributed, collective_device\n"
         "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+        "flight_recorder.enable()\n"
         "torch.cuda.set_device(0)\n"
         "dist.init_process_group('nccl', rank=0, world_size=1)\n"
         "t = torch.full((1024,), 2.0, device=collective_device())\n"
         "dist.all_reduce(t)\n"
         "dist.barrier()\n"
         "print('NCCL_OK', dist.get_backend(), float(t.sum()), torch.cuda.nccl.version())\n"
+        "torch.cuda.synchronize()\n"
+        "print('FR', flight_recorder.summarize(flight_recorder.snapshot()))\n"
         "cleanup_distributed()\n"
         "print('TORN_DOWN', dist.is_initialized())\n"
     )
     proc = run_python([str(script)], timeout=100, env={"PORT": str(find_free_port())})
     assert "NCCL_OK nccl 2048.0" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "TORN_DOWN False" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # the flight recorder on NCCL: the all_reduce and the barrier, numbered, in the summary
+    seen = next(line for line in proc.stdout.splitlines() if line.startswith("FR "))
+    print(seen)
+    assert "'op': 'all_reduce'" in seen or "'op': 'barrier'" in seen or "allreduce" in seen, seen
     doctor = run_python(
         ["-m", "gpu_training", "doctor", "--nproc", "1", "--json", "--checkpoint-dir", "."],
         timeout=100,

@@ -143,3 +143,20 @@ def test_a_real_cpu_loop_reports_consistent_numbers() -> None:
     assert stats.samples == 24 and stats.elapsed_s > 0
     assert math.isclose(stats.tokens_per_s, 32 * stats.samples_per_s)
     assert stats.mfu is not None and 0 < stats.mfu < 1
+
+
+def test_an_unknown_gpu_gets_no_mfu_and_one_line_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_training import throughput
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    monkeypatch.setattr(throughput, "peak_tflops", lambda device=None, precision="bf16": None)
+    note = throughput.mfu_note(cuda, "bf16", None, 1e9)
+    assert note == (
+        "MFU: no peak known for 'Tesla V100-SXM2-32GB' (not in PEAK_TFLOPS); "
+        "set run.peak_tflops to see it"
+    )
+    assert throughput.mfu_note(cuda, "bf16", 125.0, 1e9) is None  # run.peak_tflops given
+    assert throughput.mfu_note(cuda, "bf16", None, None) is None  # no FLOPs: no MFU to miss
+    monkeypatch.setattr(throughput, "peak_tflops", lambda device=None, precision="bf16": 989.4)
+    assert throughput.mfu_note(cuda, "bf16", None, 1e9) is None  # in the table

@@ -62,6 +62,17 @@ def _scenario(mode: str) -> None:
                     time.sleep(120)
                 dist.all_reduce(t)
                 watchdog.tick(step)
+    elif mode == "mismatch-watched":  # different collectives, no debug mode: the watchdog
+        with StallWatchdog(STALL_TIMEOUT, ctx=ctx) as watchdog:
+            for step in range(3):
+                dist.all_reduce(t)
+                watchdog.tick(step)
+            print(f"COLLECTIVE_AT {time.time():.3f}", flush=True)
+            if ctx.rank == 0:
+                dist.all_reduce(t)
+            else:
+                dist.broadcast(t, src=0)
+            watchdog.tick()
     elif mode == "raise-stuck":  # rank 1 raises, then hangs before its teardown
         try:
             with StallWatchdog(STALL_TIMEOUT, ctx=ctx) as watchdog:
@@ -151,6 +162,37 @@ def test_stalled_rank_is_named_by_the_watchdog_within_timeout() -> None:
     root = _root_cause(output)
     assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", root), root
     assert f"exitcode  : {EXIT_STALLED}" in root and "StallError" in root
+
+
+@pytest.mark.multirank
+def test_flight_recorder_names_the_collective_a_stalled_rank_never_entered() -> None:
+    """With the recorder on (GPU_TRAINING_STALL_TIMEOUT set before the group, as `train
+    --stall-timeout` does), the verdict adds which collective rank 1 never entered."""
+    output, rc, ended = _run("stall", GPU_TRAINING_STALL_TIMEOUT=str(STALL_TIMEOUT))
+    assert rc != 0
+    took = ended - _stamp("STALL_AT", output)
+    assert took <= STALL_TIMEOUT + 5.0, f"the stall was reported after {took:.1f}s"
+    seen = re.findall(r"flight recorder: (rank 1 never entered all_reduce #(\d+) .*)", output)
+    assert seen, output[-3000:]
+    text, number = seen[0]
+    assert f"(its last: all_reduce #{int(number) - 1}): it is at " in text
+    assert "test_watchdog.py" in text
+
+
+@pytest.mark.multirank
+def test_flight_recorder_names_a_collective_mismatch_without_debug_mode() -> None:
+    """all_reduce on rank 0, broadcast on rank 1, no debug mode: both wait; the watchdog
+    fires and the ranks' flight recorders show the two operations at the same number."""
+    output, rc, ended = _run("mismatch-watched", GPU_TRAINING_STALL_TIMEOUT=str(STALL_TIMEOUT))
+    assert rc != 0
+    took = ended - _stamp("COLLECTIVE_AT", output)
+    assert took <= STALL_TIMEOUT + 5.0, f"the mismatch was reported after {took:.1f}s"
+    verdicts = re.findall(
+        r"gpu-training watchdog: stall detected by rank (\d): .*flight recorder: a collective "
+        r"mismatch at #\d+ of default_pg: rank 0 in all_reduce, rank 1 in broadcast",
+        output,
+    )
+    assert set(verdicts) == {"0", "1"}, output[-3000:]  # each rank's watchdog says it
 
 
 @pytest.mark.multirank

@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
+
+from gpu_training.nonfinite import (
+    Names,
+    NonFiniteError,
+    NonFiniteStep,
+    first_nonfinite,
+    gather_flags,
+    nonfinite_warning,
+    parameter_name,
+)
 
 __all__ = [
     "GradNorm",
@@ -35,6 +43,7 @@ __all__ = [
     "Precision",
     "autocast_dtype",
     "needs_grad_scaler",
+    "nonfinite_warning",
     "resolve_precision",
     "should_step",
 ]
@@ -256,64 +265,6 @@ def _finish_norm(norm: torch.Tensor, skipped: bool) -> torch.Tensor:
     return norm
 
 
-class NonFiniteError(RuntimeError):
-    """Too many optimizer steps in a row had a NaN/Inf (``training.max_nonfinite_steps``).
-
-    Raised on every rank at the same step (each saw the same flags), so no rank is left in a
-    collective; the message names the step, the ranks whose loss was non-finite and the first
-    non-finite gradient.
-    """
-
-
-@dataclass(frozen=True)
-class NonFiniteStep:
-    """What a step skipped for a NaN/Inf found, the same on every rank (see
-    :class:`MixedPrecisionStepper`'s ``max_nonfinite_steps``)."""
-
-    loss_ranks: tuple[int, ...]
-    """Ranks whose loss was NaN/Inf in one of the step's micro-batches (empty: only the
-    gradients were: an overflow, or a NaN that arose in backward)."""
-
-    parameter: str | None
-    """The first parameter, in the model's order, whose gradient held a NaN/Inf (after the
-    gradients' all-reduce, so the same on every rank); None without parameter names."""
-
-    in_a_row: int
-    """Non-finite steps in a row, this one included."""
-
-    def describe(self) -> str:
-        """``non-finite loss on rank 1 (first non-finite gradient: fc.weight)``."""
-        where = (
-            f"loss on rank{'s' if len(self.loss_ranks) > 1 else ''} "
-            + ",".join(map(str, self.loss_ranks))
-            if self.loss_ranks
-            else "gradients (the loss was finite on every rank)"
-        )
-        grad = f" (first non-finite gradient: {self.parameter})" if self.parameter else ""
-        return f"non-finite {where}{grad}"
-
-
-def _param_name(name: str) -> str:
-    """A parameter's name as the user's model has it (without DDP's / compile's wrappers)."""
-    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        name = name.replace(prefix, "")
-    return name
-
-
-def _first_nonfinite(named: Iterable[tuple[str, torch.nn.Parameter]]) -> int:
-    """Index, in ``named``'s order, of the first parameter whose gradient (this rank's part
-    of it under FSDP2) holds a NaN/Inf; -1 if none does. One host sync per parameter: for
-    the rare skipped step only."""
-    for index, (_, param) in enumerate(named):
-        grad = param.grad
-        if grad is None:
-            continue
-        local = grad.to_local() if hasattr(grad, "to_local") else grad  # an FSDP2 shard
-        if local.numel() and not bool(torch.isfinite(local).all()):
-            return index
-    return -1
-
-
 class MixedPrecisionStepper:
     """One interface for fp32, fp16 and bf16 steps, with gradient accumulation and clipping.
 
@@ -419,7 +370,7 @@ class MixedPrecisionStepper:
         params: Iterable[torch.nn.Parameter],
         micro_step: int,
         *,
-        names: Callable[[], Iterable[tuple[str, torch.nn.Parameter]]] | None = None,
+        names: Names | None = None,
     ) -> float | None:
         """Step the optimizer if ``micro_step`` closes an accumulation window.
 
@@ -446,7 +397,7 @@ class MixedPrecisionStepper:
         micro_step: int,
         *,
         norm: bool = False,
-        names: Callable[[], Iterable[tuple[str, torch.nn.Parameter]]] | None = None,
+        names: Names | None = None,
     ) -> GradNorm | None:
         """:meth:`step`, returning the gradient norm as a :class:`GradNorm` handle.
 
@@ -525,29 +476,18 @@ class MixedPrecisionStepper:
     def _diagnose(
         self,
         loss_ok: torch.Tensor | None,
-        names: Callable[[], Iterable[tuple[str, torch.nn.Parameter]]] | None,
+        names: Names | None,
     ) -> NonFiniteStep | None:
         """Which ranks' losses were non-finite, and the first non-finite gradient: one small
         all-gather, on every rank (each reaches it on the same step). Updates the count in a
         row; None for an fp16 overflow with finite losses (the scaler's calibration)."""
         loss_bad = loss_ok is not None and not bool(loss_ok)
-        index = _first_nonfinite(names()) if names is not None else -1
-        flags = [(int(loss_bad), index)]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            from gpu_training.process_group import collective_device
-
-            mine = torch.tensor([int(loss_bad), index], device=collective_device())
-            every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-            dist.all_gather(every, mine)
-            flags = [(int(t[0]), int(t[1])) for t in every]
+        flags = gather_flags(loss_bad, first_nonfinite(names()) if names is not None else -1)
         ranks = tuple(r for r, (bad, _) in enumerate(flags) if bad)
         if self._scaler.is_enabled() and not ranks:
             return None  # an fp16 overflow: the scaler skips it and lowers its scale
         self.nonfinite_in_a_row += 1
-        found = [i for _, i in flags if i >= 0]  # FSDP2: each rank saw only its shards
-        name = None
-        if found and names is not None:
-            name = next(_param_name(n) for i, (n, _) in enumerate(names()) if i == min(found))
+        name = parameter_name(flags, names)
         return NonFiniteStep(loss_ranks=ranks, parameter=name, in_a_row=self.nonfinite_in_a_row)
 
     def _drop_unread(self) -> None:

@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from gpu_training.amp import MixedPrecisionStepper, NonFiniteError
+from gpu_training.amp import MixedPrecisionStepper, nonfinite_warning
 from gpu_training.data import GlobalBatchSampler
 from gpu_training.dist_init import (
     DEFAULT_TIMEOUT,
@@ -430,14 +430,10 @@ def train_one_epoch(
             count_fn=count_fn or count_scored,
             check_counts=steps == 0,
         )
-        bad = stepper.last_nonfinite
-        if bad is not None:  # skipped on every rank (max_nonfinite_steps): keep its NaN out
-            limit = stepper.max_nonfinite_steps
-            if limit is not None and bad.in_a_row >= limit:
-                raise NonFiniteError(
-                    f"step {first_step + steps + 1}: {bad.describe()}; {bad.in_a_row} steps in "
-                    "a row were non-finite, each skipped on every rank"
-                )
+        warning = nonfinite_warning(stepper, first_step + steps + 1)  # raises at the limit
+        if warning is not None:  # skipped on every rank: keep its NaN out of the mean
+            if ctx.is_main_process:
+                print(warning, flush=True)
         else:
             losses.extend(step_losses)
             micro_batches += len(batches)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpu_training import flight_recorder
 from gpu_training.failure import exception_in_flight
 from gpu_training.process_group import process_group_up
 
@@ -212,7 +213,10 @@ def _cuda_usable(ctx: DistributedContext) -> bool:
 
 
 def init_distributed(
-    backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT
+    backend: str | None = None,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    *,
+    record_collectives: bool = False,
 ) -> DistributedContext:
     """Join the process group described by the environment (no-op in one process).
 
@@ -226,6 +230,9 @@ def init_distributed(
     Args:
         backend: ``"nccl"``, ``"gloo"``, or None to choose.
         timeout: How long a collective waits for a missing rank before raising.
+        record_collectives: Switch torch's flight recorder on for the group (what a stall
+            watchdog reads when it fires: :mod:`~gpu_training.flight_recorder`); also on when
+            ``GPU_TRAINING_STALL_TIMEOUT`` is set.
 
     Returns:
         The :class:`DistributedContext` of this process (``backend`` set when distributed).
@@ -255,6 +262,9 @@ def init_distributed(
             )
         # Before the group: otherwise NCCL binds every rank to cuda:0.
         torch.cuda.set_device(ctx.local_rank)
+    watched = os.environ.get(flight_recorder.WATCHDOG_ENV, "").strip() not in ("", "0")
+    if record_collectives or watched:  # a stall watchdog will read it
+        flight_recorder.enable()
     dist.init_process_group(
         backend=backend, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout
     )

@@ -511,8 +511,7 @@ def _hash(settings: Mapping[str, Any]) -> str:
 
 def _math_settings(job: Mapping[str, Any], *, layout: bool = False) -> dict[str, Any]:
     training = dict(job.get("training") or {})
-    training.pop("world_size", None)
-    training.pop("max_nonfinite_steps", None)  # a safety stop, not the math of a step
+    training.pop("world_size", None), training.pop("max_nonfinite_steps", None)  # not math
     if training.get("global_batch_size") is not None:  # any split of it: the same math
         training.pop("gradient_accumulation_steps", None)
         training.pop("per_device_batch_size", None)

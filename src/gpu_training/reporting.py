@@ -33,7 +33,52 @@ if TYPE_CHECKING:
     from gpu_training.job import TrackerSpec
     from gpu_training.trackers import TrackerSet
 
-__all__ = ["MetricsWriter", "log_line", "plot_metrics", "progress_bar", "read_metrics"]
+__all__ = [
+    "MetricsWriter",
+    "log_line",
+    "plot_metrics",
+    "progress_bar",
+    "read_metrics",
+    "run_banner",
+    "run_outputs",
+]
+
+
+def run_banner(task: Any, training: str, strategy: str, step: int, total: int) -> list[str]:
+    """The first lines a run prints: its task, its training settings, its strategy, its steps.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> task = SimpleNamespace(name="charlm", describe="", baseline=4.17)
+        >>> run_banner(task, "global batch 8", "ddp on 2 rank(s), precision fp32", 0, 20)
+        ['task: charlm', 'global batch 8', 'strategy: ddp on 2 rank(s), precision fp32', 'steps: 20 (starting at 0)', 'baseline loss: 4.1700']
+    """
+    lines = [
+        f"task: {task.name}" + (f" ({task.describe})" if task.describe else ""),
+        training,
+        f"strategy: {strategy}",
+        f"steps: {total} (starting at {step})",
+    ]
+    if task.baseline is not None:
+        lines.append(f"baseline loss: {task.baseline:.4f}")
+    return lines
+
+
+def run_outputs(
+    checkpoints: str | os.PathLike[str], every: str, writer: MetricsWriter, done_at: int | None
+) -> list[str]:
+    """Where a run writes: its checkpoints, metrics, TensorBoard and trackers (and, with
+    ``done_at``, that the run was already complete at that step)."""
+    lines = [
+        f"checkpoints: {checkpoints} ({every})",
+        f"metrics: {writer.path}"
+        + (f", TensorBoard: {writer.tensorboard_dir}" if writer.tensorboard_dir else ""),
+    ]
+    if writer.trackers:
+        lines.append(f"trackers: {writer.trackers}")
+    if done_at is not None:
+        lines.append(f"run already complete at step {done_at}: delete {checkpoints} to start over")
+    return lines
 
 
 def log_line(step: int, total: int, metrics: Mapping[str, float]) -> str:

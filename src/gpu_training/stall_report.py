@@ -203,6 +203,14 @@ def stall_verdict(
                 f"every rank is waiting in {ops.pop() if ops else '?'}: a rank that skipped "
                 f"it earlier, or the network (NCCL_DEBUG=INFO): {waits(waiting)}"
             )
+    answered = {r: s["collectives"] for r, s in states.items() if s.get("collectives")}
+    if len(answered) > 1:  # the flight recorder's view: who is in which collective
+        from gpu_training.flight_recorder import collective_verdict
+
+        where = {r: str(s.get("where", "?")) for r, s in states.items()}
+        seen = collective_verdict(answered, where)
+        if seen:
+            parts.append(f"flight recorder: {seen}")
     return culprits, "; ".join(parts)
 
 

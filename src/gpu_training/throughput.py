@@ -30,7 +30,7 @@ __all__ = [
     "ThroughputMeter",
     "ThroughputStats",
     "flops_per_token",
-    "no_mfu_note",
+    "mfu_note",
     "peak_tflops",
 ]
 
@@ -139,19 +139,21 @@ def peak_tflops(device: str | torch.device | None = None, precision: str = "bf16
     return None
 
 
-def no_mfu_note(device_name: str, peak: float | None, flops_per_token: float | None) -> str | None:
-    """The one line a run prints when a GPU's MFU cannot be known (None when it can be).
+def mfu_note(
+    device: torch.device, precision: str, peak: float | None, flops_per_token: float | None
+) -> str | None:
+    """The one line a run prints at its start when its GPU's MFU cannot be known, else None.
 
     Example:
-        >>> no_mfu_note("Tesla V100-SXM2-32GB", None, 1e9)
-        "MFU: no peak known for 'Tesla V100-SXM2-32GB' (not in PEAK_TFLOPS); set run.peak_tflops to see it"
-        >>> no_mfu_note("NVIDIA H200", 989.4, 1e9) is None, no_mfu_note("X", None, None) is None
-        (True, True)
+        >>> mfu_note(torch.device("cpu"), "bf16", None, 1e9) is None  # no MFU on a CPU, said
+        True
     """
-    if peak is not None or not flops_per_token:
+    if device.type != "cuda" or peak is not None or not flops_per_token:
+        return None
+    if peak_tflops(device, precision) is not None:
         return None
     return (
-        f"MFU: no peak known for {device_name!r} (not in PEAK_TFLOPS); "
+        f"MFU: no peak known for {torch.cuda.get_device_name(device)!r} (not in PEAK_TFLOPS); "
         "set run.peak_tflops to see it"
     )
 

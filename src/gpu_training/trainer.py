@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gpu_training.amp import MixedPrecisionStepper, NonFiniteError, resolve_precision
+from gpu_training.amp import MixedPrecisionStepper, nonfinite_warning, resolve_precision
 from gpu_training.checkpoint import CheckpointError, CheckpointManager
 from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.data import GlobalBatchSampler
@@ -51,7 +51,14 @@ from gpu_training.ddp import (
 from gpu_training.evaluation import EvalShard, eval_shard, evaluate
 from gpu_training.job import JobConfig
 from gpu_training.preemption import PreemptionHandler
-from gpu_training.reporting import MetricsWriter, log_line, plot_metrics, progress_bar
+from gpu_training.reporting import (
+    MetricsWriter,
+    log_line,
+    plot_metrics,
+    progress_bar,
+    run_banner,
+    run_outputs,
+)
 from gpu_training.resume import (
     ResumeError,
     capture_run_state,
@@ -64,8 +71,8 @@ from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.step import step_batches, train_step
 from gpu_training.strategy.job_check import check_job
 from gpu_training.strategy.prepared import Prepared, prepare
-from gpu_training.tasks import Task, build_task, count_scored
-from gpu_training.throughput import ThroughputMeter, no_mfu_note
+from gpu_training.tasks import Task, build_task, count_scored, task_checkpoint_extra
+from gpu_training.throughput import ThroughputMeter, mfu_note
 from gpu_training.trackers import tracker_params
 from gpu_training.watchdog import StallWatchdog
 
@@ -237,7 +244,7 @@ class Trainer:
             signal stopped the run).
         """
         owns_group = not process_group_up()
-        self.ctx = init_distributed()
+        self.ctx = init_distributed(record_collectives=self.job.run.stall_timeout is not None)
         try:
             return self._fit()
         except BaseException as exc:
@@ -377,12 +384,6 @@ class Trainer:
             device=run.device,
             precision=run.precision,
         )
-        if run.device.type == "cuda":  # said once per run, not on every log line
-            note = no_mfu_note(
-                torch.cuda.get_device_name(run.device), meter.peak_tflops, task.flops_per_token
-            )
-            if note:
-                self.print(note)
         loss_fn = task.loss_sum or task.loss_fn
         count_fn = task.count_targets or count_scored
         with (
@@ -407,8 +408,10 @@ class Trainer:
                     )
                     if norm is None:  # pragma: no cover - every step_async steps at A
                         raise RuntimeError("the strategy did not step at the last micro-batch")
-                    skipped = self._nonfinite(run, step + 1)
-                    if not skipped:  # a NaN step's loss would make the window's mean NaN
+                    warning = nonfinite_warning(run.amp, step + 1) if run.amp else None
+                    if warning:
+                        self.print(warning)
+                    else:  # a skipped step's NaN loss stays out of the window's mean
                         window.losses += micro_losses
                     run.scheduler.step()
                     step += 1
@@ -418,7 +421,7 @@ class Trainer:
                     log_step = step % self.job.run.log_every == 0 or step == run.total
                     # Clipping measures every step's norm anyway; without it only the
                     # log step's is measured (read before the next forward).
-                    if not skipped and (norm.computed or log_step):
+                    if warning is None and (norm.computed or log_step):
                         window.norms.append(norm.tensor())
                     meter.update(*self._step_size(run))
                     if self._cadence(run, writer, window, meter, watchdog, preemption, step):
@@ -503,27 +506,6 @@ class Trainer:
         window.losses.clear()
         window.norms.clear()
 
-    def _nonfinite(self, run: _Run, step: int) -> bool:
-        """Whether step ``step`` (1-based) was skipped for a NaN/Inf, said on rank 0; every
-        rank raises :class:`~gpu_training.amp.NonFiniteError` alike at the limit in a row."""
-        amp = run.amp
-        bad = amp.last_nonfinite if amp is not None else None
-        if amp is None or bad is None:
-            return False
-        limit = amp.max_nonfinite_steps
-        if limit is not None and bad.in_a_row >= limit:
-            raise NonFiniteError(
-                f"step {step}: {bad.describe()}; {bad.in_a_row} steps in a row were "
-                "non-finite, each skipped on every rank: the run stops (its last checkpoint "
-                "is intact). Lower the learning rate, look at the data of these steps, or "
-                "raise training.max_nonfinite_steps"
-            )
-        self.print(
-            f"warning: step {step}: {bad.describe()}: skipped on every rank "
-            f"({bad.in_a_row} in a row; the run stops at {limit})"
-        )
-        return True
-
     # --- pieces of the run --------------------------------------------------------------
 
     def _resume(self, run: _Run) -> int:
@@ -592,42 +574,26 @@ class Trainer:
 
     def _watchdog(self, ctx: DistributedContext) -> StallWatchdog:
         """``run.stall_timeout``, else ``GPU_TRAINING_STALL_TIMEOUT``, else none."""
-        timeout = self.job.run.stall_timeout
-        return StallWatchdog.from_env(ctx) if timeout is None else StallWatchdog(timeout, ctx=ctx)
+        timeout, out = self.job.run.stall_timeout, self.job.run.output_dir
+        if timeout is None:
+            return StallWatchdog.from_env(ctx, dump_dir=out)
+        return StallWatchdog(timeout, ctx=ctx, dump_dir=out)
 
     def _task_extra(self, model: nn.Module) -> dict[str, Any]:
         """What the task puts in every checkpoint (a Hugging Face model: what export needs)."""
         if self._extra is None:
-            from gpu_training.tasks.hf import checkpoint_extra, is_pretrained_model
-
-            inner = unwrap_model(model)
-            make = self.task.checkpoint_extra if self.task is not None else None
-            if make is None and is_pretrained_model(inner):  # a PreTrainedModel by import string
-                make = checkpoint_extra
-            self._extra = make(inner) if make is not None else {}
+            self._extra = task_checkpoint_extra(self.task, unwrap_model(model))
         return self._extra
 
     def _announce(self, run: _Run, step: int, writer: MetricsWriter) -> None:
-        cfg, total, task, ckpt = run.cfg, run.total, run.task, run.ckpt
-        strategy = self.job.strategy
-        lines = [
-            f"task: {task.name}" + (f" ({task.describe})" if task.describe else ""),
-            cfg.describe(),
-            f"strategy: {strategy.name} on {self.ctx.world_size} rank(s)"
-            + (f", backend {self.ctx.backend}" if self.ctx.backend else "")
-            + f", precision {run.precision}",
-            f"steps: {total} (starting at {step})",
-            f"checkpoints: {ckpt.directory} (every {self.job.checkpoint.every}, keep "
-            f"{self.job.checkpoint.keep_last_n})",
-            f"metrics: {writer.path}"
-            + (f", TensorBoard: {writer.tensorboard_dir}" if writer.tensorboard_dir else ""),
-        ]
-        if writer.trackers:
-            lines.append(f"trackers: {writer.trackers}")
-        if task.baseline is not None:
-            lines.append(f"baseline loss: {task.baseline:.4f}")
-        if step >= total:
-            lines.append(
-                f"run already complete at step {step}: delete {ckpt.directory} to start over"
-            )
-        self.print("\n".join(lines))
+        strategy, ckpt = self.job.strategy, self.job.checkpoint
+        mfu = run.device.type == "cuda" and mfu_note(
+            run.device, run.precision, self.job.run.peak_tflops, run.task.flops_per_token
+        )
+        backend = f", backend {self.ctx.backend}" if self.ctx.backend else ""
+        where = f"{strategy.name} on {self.ctx.world_size} rank(s){backend}"
+        every = f"every {ckpt.every}, keep {ckpt.keep_last_n}"
+        strategy_line = f"{where}, precision {run.precision}"
+        lines = run_banner(run.task, run.cfg.describe(), strategy_line, step, run.total)
+        lines += run_outputs(run.ckpt.directory, every, writer, step if step >= run.total else None)
+        self.print("\n".join(lines + ([mfu] if mfu else [])))

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import io
@@ -46,6 +47,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TextIO, TypeVar
 
+from gpu_training import flight_recorder
 from gpu_training.failure import (
     exception_in_flight,
     exit_now,
@@ -307,6 +309,10 @@ class StallWatchdog:
         exit: End the process (``os._exit(EXIT_STALLED)``) after reporting.
         on_stall: Called with the :class:`StallReport` (before exiting, if ``exit``).
         poll: Seconds between checks (default ``min(1, timeout / 10)``).
+        dump_dir: Where each rank writes its flight-recorder buffer when the watchdog fires
+            (``DIR/flight_recorder/rankR.json``; the Trainer passes its output directory).
+            The ranks' last collectives are compared in the verdict either way
+            (:mod:`~gpu_training.flight_recorder`), when the recorder was on.
 
     Raises:
         ValueError: If ``grace`` or ``poll`` is negative.
@@ -324,6 +330,7 @@ class StallWatchdog:
         exit: bool = True,
         on_stall: Callable[[StallReport], None] | None = None,
         poll: float | None = None,
+        dump_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if grace < 0 or (poll is not None and poll <= 0):
             raise ValueError(f"grace must be >= 0 and poll > 0, got {grace} and {poll}")
@@ -335,6 +342,7 @@ class StallWatchdog:
         self.exit = exit
         self.on_stall = on_stall
         self.poll = poll if poll is not None else min(1.0, (self.timeout or 10.0) / 10)
+        self.dump_dir = dump_dir
         self._ctx = ctx
         self._last = time.monotonic()
         self._step: int | None = None
@@ -442,6 +450,12 @@ class StallWatchdog:
         rank, world = self._context()
         frame = sys._current_frames().get(self._watched or 0)
         state = {**frame_state(frame, skip_file=__file__), "step": self._step}
+        dump = flight_recorder.snapshot() if world > 1 else None
+        if dump is not None:
+            state["collectives"] = flight_recorder.summarize(dump)
+            if self.dump_dir is not None:
+                with contextlib.suppress(OSError):  # a full disk must not hide the verdict
+                    flight_recorder.write_dump(self.dump_dir, rank, dump)
         store = _store()
         key = _key()
         publish_state(store, f"{key}/rank{rank}", state)

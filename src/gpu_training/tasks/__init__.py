@@ -81,6 +81,7 @@ __all__ = [
     "cross_entropy_sum",
     "resolve_import",
     "resolve_task",
+    "task_checkpoint_extra",
     "task_from_imports",
 ]
 
@@ -514,3 +515,20 @@ def resolve_task(name_or_spec: str, options: Mapping[str, Any] | None = None) ->
             "returning a Task"
         )
     return builder(opts)
+
+
+def task_checkpoint_extra(task: Task | None, model: nn.Module) -> dict[str, Any]:
+    """What every checkpoint of ``task`` carries beside the weights: the task's own
+    ``checkpoint_extra(model)``, else for a Hugging Face ``PreTrainedModel`` (named by import
+    string) what ``ckpt export-hf`` needs, else nothing.
+
+    Args:
+        task: The run's task (None: the model alone decides).
+        model: The unwrapped model.
+    """
+    from gpu_training.tasks.hf import checkpoint_extra, is_pretrained_model
+
+    make = task.checkpoint_extra if task is not None else None
+    if make is None and is_pretrained_model(model):  # a PreTrainedModel by import string
+        make = checkpoint_extra
+    return make(model) if make is not None else {}
