@@ -392,3 +392,89 @@ def test_real_world_triage_table_is_consistent_and_meets_the_targets() -> None:
     bug = Counter(r.verdict for r in rows if r.severity == "bug")
     assert bug["true"] / (bug["true"] + bug["false"]) >= 0.9
     assert bug["true"] / (bug["true"] + bug["missed"]) >= 0.9
+
+
+# --- one answer however it is run (issue 33) --------------------------------------------------
+
+_DP_UNIT_TEST = (
+    "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+    "model(torch.randn(2, 2)).sum().backward()\n"
+)
+
+
+def test_a_directory_run_skips_test_trees_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unit tests run one process and check single-GPU code on purpose: a directory run leaves
+    ``tests/``, ``test_*.py`` and ``*_test.py`` out; ``--include-tests`` keeps them; a test file
+    named on its own is linted."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "helpers.py").write_text(_DP_UNIT_TEST)
+    (tmp_path / "test_dp.py").write_text(_DP_UNIT_TEST)
+    (tmp_path / "dp_test.py").write_text(_DP_UNIT_TEST)
+    (tmp_path / "train.py").write_text(_DP_UNIT_TEST)
+    assert [p.name for p in collect_files([tmp_path])] == ["train.py"]
+    assert len(collect_files([tmp_path], include_tests=True)) == 4
+    assert [f.path for f in lint_paths([tmp_path]).findings] == [str(tmp_path / "train.py")]
+    assert len(lint_paths([tmp_path], include_tests=True).findings) == 4
+    assert main(["lint", "--include-tests", str(tmp_path)]) == 1
+    assert "Found 4 problems in 4 of 4 files" in capsys.readouterr().out
+    assert len(lint_paths([tmp_path / "test_dp.py"]).findings) == 1
+
+
+def _deep_repository(root: Path) -> Path:
+    """A repository whose script sits three levels below the package it imports."""
+    (root / "setup.py").write_text("")
+    (root / "mylib").mkdir()
+    (root / "mylib" / "__init__.py").write_text("")
+    (root / "mylib" / "dist.py").write_text(
+        "import os\nimport torch\nimport torch.distributed as dist\n\n\n"
+        "def init_distributed_mode(args):\n"
+        "    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
+        "    dist.init_process_group('nccl')\n\n\n"
+        "def save_checkpoint(model, path):\n"
+        "    torch.save(model.state_dict(), path)\n"
+    )
+    tools = root / "projects" / "cls" / "tools"
+    tools.mkdir(parents=True)
+    script = tools / "train.py"
+    script.write_text(
+        "import torch\nimport torch.distributed as dist\n\n"
+        "from mylib.dist import init_distributed_mode, save_checkpoint\n\n\n"
+        "def main(args):\n"
+        "    init_distributed_mode(args)\n"
+        "    model = torch.nn.Linear(2, 2).cuda()\n"
+        "    loss = model(torch.randn(2, 2).cuda()).sum()\n"
+        "    loss.backward()\n"
+        "    if dist.get_rank() == 0:\n"
+        "        save_checkpoint(model, 'm.pt')\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    main(parse_args())\n"
+    )
+    return script
+
+
+def test_a_file_linted_alone_resolves_its_repository(tmp_path: Path) -> None:
+    """``lint tools/train.py`` finds the repository root (setup.py, .git, pyproject.toml) and
+    reads the helpers it imports from there: the same findings as a run over the repository."""
+    script = _deep_repository(tmp_path)
+    alone = {(f.path, f.line, f.code) for f in lint_paths([script]).findings}
+    whole = {(f.path, f.line, f.code) for f in lint_paths([tmp_path]).findings}
+    assert alone == whole == {(str(script), 8, "GT015")}
+    # the helper module alone: its save is called under a rank-0 guard by train.py
+    assert lint_paths([tmp_path / "mylib" / "dist.py"]).findings == []
+
+
+def test_unresolved_project_imports_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _deep_repository(tmp_path)
+    (tmp_path / "other" / "helpers").mkdir(parents=True)
+    (tmp_path / "other" / "helpers" / "__init__.py").write_text("")
+    evaluate = script.parent / "evaluate.py"
+    evaluate.write_text("import torch\nfrom helpers import setup\nfrom .models import Net\n")
+    report = lint_paths([evaluate])
+    assert report.unresolved == [(str(evaluate), ".models"), (str(evaluate), "helpers")]
+    assert lint_paths([script]).unresolved == []
+    main(["lint", str(evaluate)])
+    assert "note: project imports not found" in capsys.readouterr().out

@@ -103,6 +103,12 @@ def _add_lint(subparsers: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="also report the hygiene rules (GT008 printing from every rank, GT010 LR)",
     )
+    parser.add_argument(
+        "--include-tests",
+        action="store_true",
+        help="also lint test trees found under a directory (tests/, test_*.py: skipped by "
+        "default, as unit tests run one process on purpose)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output")
     parser.add_argument("--explain", metavar="CODE", help="explain a rule: why, fix, guide")
     parser.add_argument("--list-rules", action="store_true", help="list the rules")
@@ -116,6 +122,7 @@ def _run_lint(args: argparse.Namespace) -> int:
         exit_code,
         format_json,
         format_text,
+        format_unresolved,
         lint_paths,
     )
     from gpu_training.diagnostics.lint.rules import RULES, explain
@@ -137,13 +144,21 @@ def _run_lint(args: argparse.Namespace) -> int:
     select = None if args.select is None else [c for group in args.select for c in group]
     ignore = None if args.ignore is None else [c for group in args.ignore for c in group]
     try:
-        report = lint_paths(args.paths, select=select, ignore=ignore, hygiene=args.hygiene)
+        report = lint_paths(
+            args.paths,
+            select=select,
+            ignore=ignore,
+            hygiene=args.hygiene,
+            include_tests=args.include_tests,
+        )
     except LintError as err:
         raise UsageError(f"lint: {err}") from None
     if args.format == "json":
         print(format_json(report.findings, report.errors))
     else:
         print(format_text(report.findings, report.files, report.errors))
+        if report.unresolved:
+            print(format_unresolved(report.unresolved))
     return exit_code(report)
 
 

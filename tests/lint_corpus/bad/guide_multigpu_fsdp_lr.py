@@ -2,6 +2,8 @@
 # Parallel (FSDP)" (shared/seeds/004). Verbatim but for the expect markers: a constant LR
 # in a data-parallel job (the effective batch grows with the node count), and the GPU index
 # taken from the global rank (dist.get_rank() is 4..7 on the second node of 4-GPU nodes).
+# It loads the model in bf16 and steps it with torch.optim.AdamW: FSDP keeps the sharded
+# parameters in that dtype, so there are no fp32 master weights (GT019).
 import torch
 from torch.distributed.fsdp import (
     FullyShardedDataParallel as FSDP,
@@ -48,7 +50,7 @@ def train_fsdp():
         device_id=rank,
     )
     
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # expect: GT010
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # expect: GT010, GT019
     
     # Training loop (similar to DDP)
     for batch in dataloader:

@@ -15,8 +15,9 @@
   (:mod:`~gpu_training.diagnostics.lint.context`), the set-up rules
   (:mod:`~gpu_training.diagnostics.lint.setup`), the rank analysis
   (:mod:`~gpu_training.diagnostics.lint.ranks`), the training-loop analysis
-  (:mod:`~gpu_training.diagnostics.lint.training_loop`) and the process group's teardown
-  (:mod:`~gpu_training.diagnostics.lint.teardown`).
+  (:mod:`~gpu_training.diagnostics.lint.training_loop`), the process group's teardown
+  (:mod:`~gpu_training.diagnostics.lint.teardown`) and bf16 parameters under Adam
+  (:mod:`~gpu_training.diagnostics.lint.precision`).
 
 The names below are those of :mod:`~gpu_training.diagnostics.lint.report` and
 :mod:`~gpu_training.diagnostics.lint.rules`, importable from here.
@@ -35,6 +36,7 @@ from gpu_training.diagnostics.lint.report import (
     exit_code,
     format_json,
     format_text,
+    format_unresolved,
     lint_paths,
     lint_source,
     select_rules,
@@ -58,6 +60,7 @@ __all__ = [
     "explain",
     "format_json",
     "format_text",
+    "format_unresolved",
     "lint_paths",
     "lint_source",
     "select_rules",

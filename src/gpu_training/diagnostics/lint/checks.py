@@ -22,7 +22,8 @@ analysis it rests on:
   rank: ``GT007``/``GT017`` writes, ``GT008`` logs, ``GT009`` collectives and ``GT014``
   updates under a rank guard;
 * :mod:`~gpu_training.diagnostics.lint.training_loop` — accumulation, ``no_sync()``, the AMP
-  scaler, epoch loops: ``GT005``, ``GT011``-``GT013``, ``GT016``.
+  scaler, epoch loops: ``GT005``, ``GT011``-``GT013``, ``GT016``;
+* :mod:`~gpu_training.diagnostics.lint.precision` — bf16 parameters under Adam: ``GT019``.
 
 Example:
     >>> import ast
@@ -56,10 +57,12 @@ from gpu_training.diagnostics.lint.guards import (
     GUARD_RANK_DEP,
     classify_guard,
     guard_locality,
+    rank_zero_decorator,
     single_process,
     single_rank,
 )
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.precision import bf16_adam
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
@@ -122,7 +125,8 @@ class FileChecker:
             if ref[0] is not facts
         ]
         helper_setup = any(s.creates_group for s in self.callee_summaries)
-        self.dist_setup = bool(self.tails & DIST_SETUP_CALLS) or spawn or helper_setup
+        deepspeed = any(n in ("deepspeed.initialize", "deepspeed.init_distributed") for n in names)
+        self.dist_setup = bool(self.tails & DIST_SETUP_CALLS) or spawn or helper_setup or deepspeed
         # `dist.x()` with `dist` never imported nor bound: a snippet that assumes the import.
         bare_dist = "dist" not in self.imports.names and not any(
             "dist" in scope.bindings for scope in facts.scopes.values()
@@ -244,6 +248,10 @@ class FileChecker:
             self._stmts(func.body, ctx, self.facts.scope_of(func))
 
     def _entry_context(self, func: _Func) -> Ctx:
+        decorator = rank_zero_decorator(func)
+        if decorator is not None:  # `@rank_zero_only def dump(...)`: the body runs on rank 0
+            local = "local" in decorator.lower()
+            return Ctx(rank0=True, local_only=local, guard=f"@{decorator} (line {func.lineno})")
         sites = self.call_sites.get(func, []) + [
             c for c, _ in self.external_sites.get(id(func), [])
         ]
@@ -299,6 +307,8 @@ class FileChecker:
             )
             if loader and ctx.loops and self.emit:
                 self.epoch_loops.append(ctx.loops[-1])
+            if not loader and self.emit and self.training_loop.hands_loader_on(stmt, scope):
+                self.epoch_loops.append(stmt)  # `for epoch ...: train_one_epoch(model, loader)`
             inner = replace(ctx, loops=(*ctx.loops, stmt))
             self._stmts(stmt.body, inner, scope)
             self._stmts(stmt.orelse, ctx, scope)
@@ -472,8 +482,11 @@ class FileChecker:
         clips = last in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
         if clips and self.training_loop.clips_before_unscale(call, scope):
             self.add(call, "GT012", "the scaler's scale() comes first and no unscale_() before")
-        if self.has_wrapper and ctx.loops and not ctx.no_sync:
-            self._accumulation(call, ctx, scope, method)
+        if self.has_wrapper and not ctx.no_sync:
+            if ctx.loops:
+                self._accumulation(call, ctx, scope, method)
+            elif method == "backward" and isinstance(scope.node, _Func):
+                self._step_accumulation(call, scope)
 
     def _rank_rules(self, call: ast.Call, ctx: Ctx, scope: Scope) -> None:
         """``GT007``/``GT017`` writes and ``GT008`` logs of code every rank runs."""
@@ -506,6 +519,16 @@ class FileChecker:
         )
         why = f"use {helper}" if helper and logged == "print" else "no rank-0 guard"
         self.add(call, "GT008", f"{logged}: {why}")
+
+    def _step_accumulation(self, call: ast.Call, scope: Scope) -> None:
+        """``GT013`` in a per-batch method a loop elsewhere calls (a Trainer's ``train_step``):
+        see :meth:`LoopAnalysis.accumulating_step`."""
+        step = self.training_loop.accumulating_step(call, scope)
+        if step is not None:
+            fix = {"accelerate": "accelerator.accumulate()", "fabric": "fabric.no_backward_sync()"}
+            missing = fix.get(self.framework or "", "no_sync()")
+            backward = f"{ast.unparse(call.func)}()"
+            self.add(call, "GT013", f"{backward} on every call; {step}; no {missing}")
 
     def _accumulation(self, call: ast.Call, ctx: Ctx, scope: Scope, method: str | None) -> None:
         """``GT013``: a backward of a DDP model that all-reduces on every micro-batch."""
@@ -549,12 +572,20 @@ class FileChecker:
         if direct and not pinned and self.setup.default_cuda:
             node, what = self.setup.default_cuda[0]
             self.add(node, "GT002", f"{what} without set_device")
-        for loop in loops_without_set_epoch(
-            self.epoch_loops, self.all_calls, self.tails, self.imports
+        tails = self.tails
+        if "train_one_epoch" in self.facts.functions or any(
+            self.facts.callees(c)
+            for c in self.all_calls
+            if tail(call_name(c, self.imports)) == "train_one_epoch"
         ):
+            tails = tails - {"train_one_epoch"}  # the script's own, not the toolkit's
+        for loop in loops_without_set_epoch(self.epoch_loops, self.all_calls, tails, self.imports):
             self.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
         for scaler in scalers_with_bf16(self.all_calls, self.facts):
             self.add(scaler, "GT011", "every autocast of the file is bfloat16")
+        if "backward" in self.tails or any(s.trains for s in self.callee_summaries):
+            for optimizer, detail in bf16_adam(self.facts):  # not one built to load a checkpoint
+                self.add(optimizer, "GT019", detail)
         for guarded in unpaired_collectives(self.guarded_collectives):
             self.add(guarded.call, "GT009", guarded.collective)
         missing = missing_destroy(

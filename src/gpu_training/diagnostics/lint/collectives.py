@@ -17,11 +17,12 @@ Example:
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
-from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
-__all__ = ["COLLECTIVES", "DIST_SETUP_CALLS", "direct_collective"]
+__all__ = ["COLLECTIVES", "DIST_SETUP_CALLS", "direct_collective", "switched_off"]
 
 DIST_SETUP_CALLS = frozenset(
     {
@@ -116,7 +117,87 @@ def direct_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str |
             return f"CheckpointManager.{method}"
         if method == "state_dict" and "fsdp" in kinds:
             return "FSDP state_dict (all-gather)"
+    library = _library_collective(call, scope, facts)
+    if library is not None:
+        return library
     return None
+
+
+# Methods of a framework's object that run a collective under the hood: every process must
+# call them. Accelerate's save_state (a barrier, and DeepSpeed/FSDP shards), its gathers;
+# Fabric's save and reductions; a DeepSpeed engine's and a Lightning Trainer's checkpoints.
+_ACCELERATE_COLLECTIVES = frozenset(
+    {"save_state", "load_state", "gather", "gather_for_metrics", "reduce", "pad_across_processes"}
+)
+_FABRIC_COLLECTIVES = frozenset({"save", "load", "all_reduce", "all_gather", "broadcast"})
+_ENGINE_COLLECTIVES = frozenset({"save_checkpoint", "load_checkpoint"})
+_SHARDED_FORWARD = frozenset({"generate", "forward"})
+
+
+def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | None:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        method = func.attr
+        receiver = func.value
+        if facts.local_functions(call) or (
+            facts.resolver is not None
+            and any(f is not facts for f, _ in facts.resolver.callees(facts, func))
+        ):
+            return None  # the project's own method: its body says what it does
+        kinds = facts.kinds(receiver, scope)
+        label = (dotted(receiver) or "").rsplit(".", 1)[-1].lower()
+        if method in _ACCELERATE_COLLECTIVES and (
+            "accelerator" in kinds or ("accelerator" in label and _imports(facts, "accelerate"))
+        ):
+            if method in ("save_state", "load_state"):
+                return f"Accelerator.{method} (sharded under DeepSpeed/FSDP, a barrier with automatic naming)"
+            return f"Accelerator.{method}"
+        if method in _FABRIC_COLLECTIVES and (
+            "fabric" in kinds or (label == "fabric" and _imports(facts, "lightning"))
+        ):
+            return f"Fabric.{method}"
+        if method in _ENGINE_COLLECTIVES:
+            if _imports(facts, "deepspeed"):
+                return f"DeepSpeed engine {method}"
+            if _imports(facts, "lightning", "pytorch_lightning") and "trainer" in label:
+                return f"Trainer.{method}"
+        if method in _SHARDED_FORWARD and _sharded(receiver, scope, facts):
+            return f"FSDP {method} (all-gathers the shards)"
+        return None
+    if isinstance(func, (ast.Name, ast.Attribute)) and _sharded(func, scope, facts):
+        return "FSDP forward (all-gathers the shards)"
+    return None
+
+
+def _imports(facts: ModuleFacts, *packages: str) -> bool:
+    return any(
+        target.split(".")[0] in packages or target.split(".")[0].replace("_", "") in packages
+        for target in facts.imports.names.values()
+    )
+
+
+def _sharded(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
+    """A model sharded by FSDP: bound to ``FSDP(...)``/``fully_shard(...)``, or passed to
+    ``fully_shard`` (FSDP2 shards in place) in this file. Its forward all-gathers."""
+    key = dotted(expr)
+    if key is None:
+        return False
+    if "fsdp" in facts.kinds(expr, scope):
+        return True
+    sharded = facts.memo.get("fully-sharded")
+    if not isinstance(sharded, frozenset):
+        names = set()
+        for node in ast.walk(facts.tree):
+            if (
+                isinstance(node, ast.Call)
+                and tail(call_name(node, facts.imports)) == "fully_shard"
+                and node.args
+            ):
+                name = dotted(node.args[0])
+                if name is not None:
+                    names.add(name)
+        sharded = facts.memo["fully-sharded"] = frozenset(names)
+    return key in sharded
 
 
 def _is_toolkit(name: str, facts: ModuleFacts) -> bool:
@@ -129,3 +210,149 @@ def _is_toolkit(name: str, facts: ModuleFacts) -> bool:
     if head in facts.imports.names or head in facts.functions:
         return False
     return any(target.startswith("gpu_training") for target in facts.imports.names.values())
+
+
+_UNKNOWN = object()
+_Func = ast.FunctionDef | ast.AsyncFunctionDef
+_COMPARE = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: lambda a, b: a is b,
+    ast.IsNot: lambda a, b: a is not b,
+}
+
+
+def bound_constants(func: _Func, call: ast.Call) -> dict[str, object]:
+    """The parameters of ``func`` a call binds to literals (``zero_first(-1)`` → ``{"local_rank":
+    -1}``), defaults included; a parameter passed anything else is left out."""
+    args = func.args
+    positional = [a.arg for a in [*args.posonlyargs, *args.args]]
+    if positional and positional[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
+        positional = positional[1:]
+    env: dict[str, object] = {}
+    defaults = dict(
+        zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=False)
+    )
+    defaults |= {
+        a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+    }
+    for name, default in defaults.items():
+        value = literal(default, {})
+        if value is not _UNKNOWN:
+            env[name] = value
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(
+        k.arg is None for k in call.keywords
+    ):
+        return {}  # `f(*args, **kwargs)`: which parameter gets what is unknown
+    passed = dict(zip(positional, call.args, strict=False))  # extra ones go to *args
+    passed |= {k.arg: k.value for k in call.keywords if k.arg is not None}
+    for name, expr in passed.items():
+        value = literal(expr, {})
+        if value is _UNKNOWN:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def literal(expr: ast.expr, env: dict[str, object]) -> object:
+    """The value of an expression over literals and the names in ``env`` (``local_rank not in
+    [-1, 0]`` with ``local_rank=-1`` → False), or ``_UNKNOWN``."""
+    if isinstance(expr, ast.Constant):
+        return expr.value
+    if isinstance(expr, ast.Name):
+        return env.get(expr.id, _UNKNOWN)
+    if isinstance(expr, ast.UnaryOp):
+        inner = literal(expr.operand, env)
+        if inner is _UNKNOWN:
+            return _UNKNOWN
+        if isinstance(expr.op, ast.Not):
+            return not inner
+        if isinstance(expr.op, ast.USub) and isinstance(inner, (int, float)):
+            return -inner
+        return _UNKNOWN
+    if isinstance(expr, (ast.Tuple, ast.List, ast.Set)):
+        values = [literal(e, env) for e in expr.elts]
+        return _UNKNOWN if any(v is _UNKNOWN for v in values) else tuple(values)
+    if isinstance(expr, ast.BoolOp):
+        unknown = False
+        for value in (literal(v, env) for v in expr.values):
+            if value is _UNKNOWN:
+                unknown = True
+            elif (not value) if isinstance(expr.op, ast.And) else bool(value):
+                return value  # `False and ...`, `True or ...`: decided
+        return _UNKNOWN if unknown else (isinstance(expr.op, ast.And))
+    if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
+        left, right = literal(expr.left, env), literal(expr.comparators[0], env)
+        compare = _COMPARE.get(type(expr.ops[0]))
+        if left is _UNKNOWN or right is _UNKNOWN or compare is None:
+            return _UNKNOWN
+        try:
+            return bool(compare(left, right))
+        except TypeError:
+            return _UNKNOWN
+    return _UNKNOWN
+
+
+def switched_off(func: _Func, call: ast.Call, runs_collective: Callable[[ast.Call], bool]) -> bool:
+    """Whether the arguments of ``call`` turn off every collective of ``func``: each sits under
+    a test they decide against it (``torch_distributed_zero_first(-1)``, whose barriers run
+    when ``local_rank not in [-1, 0]`` and when ``local_rank == 0``; ``run(evaluate=True)``
+    past ``if evaluate: return``).
+
+    Args:
+        func: The callee.
+        call: The call site.
+        runs_collective: Whether a call inside ``func`` runs a collective.
+    """
+    env = bound_constants(func, call)
+    if not env:
+        return False
+    state = {"sites": 0, "on": 0}
+
+    def walk(stmts: list[ast.stmt], live: bool) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(stmt, ast.If):
+                _count(stmt.test, live)
+                value = literal(stmt.test, env)
+                walk(stmt.body, live and (value is _UNKNOWN or bool(value)))
+                walk(stmt.orelse, live and (value is _UNKNOWN or not value))
+                taken = stmt.body if value is not _UNKNOWN and value else stmt.orelse
+                if (
+                    value is not _UNKNOWN
+                    and taken
+                    and isinstance(taken[-1], (ast.Return, ast.Raise))
+                ):
+                    live = False  # `if evaluate: return` - nothing below runs
+                continue
+            blocks = [getattr(stmt, f) for f in ("body", "orelse", "finalbody") if hasattr(stmt, f)]
+            blocks += [h.body for h in getattr(stmt, "handlers", [])]
+            heads = [
+                getattr(stmt, f)
+                for f in ("test", "iter", "value", "items", "targets", "exc")
+                if hasattr(stmt, f)
+            ]
+            for head in heads:
+                for part in head if isinstance(head, list) else [head]:
+                    if isinstance(part, ast.AST):
+                        _count(part, live)
+            for block in blocks:
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                    walk(block, live)
+
+    def _count(node: ast.AST, live: bool) -> None:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call) and runs_collective(sub):
+                state["sites"] += 1
+                state["on"] += live
+
+    walk(func.body, True)
+    return state["sites"] > 0 and state["on"] == 0

@@ -12,10 +12,11 @@ A guard is recognised by what it computes, not by its spelling:
 
 Only names nobody here can read — attributes of a framework's objects
 (``accelerator.is_main_process``, ``fabric.is_global_zero``) or functions of an installed
-package — fall back to the usual flag names (:data:`_FLAG_NAMES`).
+package — fall back to the usual flag names
+(:data:`~gpu_training.diagnostics.lint.locality.FLAG_NAMES`).
 
 Whether a rank-0 guard reads the *node-local* rank (``local_rank == 0`` holds once per node)
-is :func:`guard_locality`.
+is :func:`~gpu_training.diagnostics.lint.locality.guard_locality` (re-exported here).
 
 Example:
     >>> import ast
@@ -33,6 +34,11 @@ import contextlib
 import re
 from collections.abc import Iterator
 
+from gpu_training.diagnostics.lint.locality import (
+    FLAG_NAMES,
+    guard_locality,
+    rank_zero_decorator,
+)
 from gpu_training.diagnostics.lint.model import (
     RANK_CALLS,
     ModuleFacts,
@@ -50,6 +56,7 @@ __all__ = [
     "guard_locality",
     "mentions_main_or_rank",
     "rank_derived",
+    "rank_zero_decorator",
     "single_process",
     "single_rank",
     "uncached",
@@ -63,16 +70,19 @@ GUARD_RANK_DEP = "rank_dep"
 """The condition holds on some ranks, not all."""
 _SINGLE = "single"  # true on every rank or on none: `not dist.is_initialized()`, `rank == -1`
 
-# Flags of frameworks and installed packages, whose bodies are not in the project.
-_FLAG_NAMES = re.compile(
-    r"^(is_(local_|global_|world_|node_)?(main|master|primary)(_process|_rank|_worker)?"
-    r"|(local_|global_)?(main|master)_process|(is_)?rank_?(0|zero)"
-    r"|is_global_zero|is_world_process_zero|is_local_process_zero|is_last_process)$"
-)
 _SINGLE_PROCESS_ATTRS = frozenset({"is_initialized", "is_distributed", "is_available"})
 _RANK_VALUE = re.compile(r"(^|_)rank$")
-_LOCAL_NAME = re.compile(r"local|node")
-_LOCAL_CALLS = frozenset({"get_local_rank", "get_node_local_rank"})
+
+
+_LAUNCH_MODE = re.compile(r"multiprocessing|spawn|(^|_)mp(_|$)|launcher|slurm")
+
+
+def _means_group(flag: str) -> bool:
+    """A flag that says a process group exists (``args.distributed``, ``is_distributed``), not
+    one that says how the processes were started (``multiprocessing_distributed``: spawned
+    by the script; without it a run can still be distributed, launched per node)."""
+    lowered = flag.lower()
+    return "distributed" in lowered and not _LAUNCH_MODE.search(lowered)
 
 
 def _tail(name: str | None) -> str:
@@ -140,7 +150,7 @@ def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: 
             return GUARD_RANK0
         callee = test.operand.func if isinstance(test.operand, ast.Call) else test.operand
         last = _tail(dotted(callee))
-        if inner is None and (last in _SINGLE_PROCESS_ATTRS or "distributed" in last.lower()):
+        if inner is None and (last in _SINGLE_PROCESS_ATTRS or _means_group(last)):
             return _SINGLE  # `not dist.is_initialized()`, `not args.distributed`: no group
         return inner if inner == GUARD_RANK_DEP else None
     if isinstance(test, ast.BoolOp):
@@ -152,6 +162,12 @@ def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: 
             return None
         if GUARD_RANK0 in parts and all(p in (GUARD_RANK0, _SINGLE) for p in parts):
             return GUARD_RANK0  # `not dist.is_initialized() or dist.get_rank() == 0`
+        if GUARD_RANK0 in parts and all(p in (GUARD_RANK0, None) for p in parts):
+            # `not args.multiprocessing_distributed or args.rank == 0`: without spawn a run
+            # may still be distributed (launched per node, torchrun), and then the first
+            # operand holds on every process. (With `rank % ngpus_per_node == 0` the guard
+            # stays node-local rank 0: GT017 reports a write under it either way.)
+            return GUARD_RANK0 if guard_locality(facts, test, scope) == "local" else None
         if any(p in (GUARD_RANK0, GUARD_NOT_RANK0, GUARD_RANK_DEP) for p in parts):
             return GUARD_RANK_DEP
         return None
@@ -178,7 +194,7 @@ def _classify_call(facts: ModuleFacts, call: ast.Call) -> str | None:
     last = _tail(call_name(call, facts.imports))
     if last in RANK_CALLS:
         return GUARD_NOT_RANK0
-    if _FLAG_NAMES.match(last.lower()):
+    if FLAG_NAMES.match(last.lower()):
         return GUARD_RANK0
     return None
 
@@ -188,7 +204,7 @@ def _classify_flag(
 ) -> str | None:
     key = dotted(test)
     if key is None:  # `PartialState().is_last_process`: a framework's flag on a fresh object
-        flag = isinstance(test, ast.Attribute) and _FLAG_NAMES.match(test.attr.lower())
+        flag = isinstance(test, ast.Attribute) and FLAG_NAMES.match(test.attr.lower())
         return GUARD_RANK0 if flag else None
     every = facts.lookup_all(key, scope)
     if any(_is_none(v) for v in every if v is not None):
@@ -212,7 +228,7 @@ def _classify_flag(
     if values and len(kinds) == 1 and None not in kinds:
         return kinds.pop()
     last = _tail(key).lower()
-    if _FLAG_NAMES.match(last):
+    if FLAG_NAMES.match(last):
         return GUARD_RANK0
     if _RANK_VALUE.search(last) and not values:
         return GUARD_NOT_RANK0  # `if args.rank:` - a rank as a truth value
@@ -321,11 +337,54 @@ def _classify_compare(
             return GUARD_NOT_RANK0
     if isinstance(right, ast.Constant) and right.value == 1 and isinstance(op, (ast.Lt, ast.GtE)):
         return GUARD_RANK0 if isinstance(op, ast.Lt) else GUARD_NOT_RANK0
-    if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List)):
-        values = [e.value for e in right.elts if isinstance(e, ast.Constant)]
-        if values == [0]:
-            return GUARD_RANK0 if isinstance(op, ast.In) else GUARD_NOT_RANK0
+    if isinstance(op, (ast.In, ast.NotIn)):
+        members = _rank_members(right)
+        if members is not None and 0 in members:
+            # `rank in {-1, 0}`, `in (-1, 0)`, `in range(1)`: -1 is "not launched
+            # distributed", so the test holds on rank 0 only once a group exists
+            if all(m < 0 for m in members - {0}):
+                return GUARD_RANK0 if isinstance(op, ast.In) else GUARD_NOT_RANK0
+        elif members is not None and all(m < 0 for m in members):
+            return _SINGLE if isinstance(op, ast.In) else None
     return GUARD_RANK_DEP
+
+
+def _rank_members(expr: ast.expr) -> set[int] | None:
+    """The integers a container literal holds (``{-1, 0}``, ``(0,)``, ``range(1)``), or None
+    when it is not one whose members can be read."""
+    if isinstance(expr, (ast.Tuple, ast.List, ast.Set)):
+        members: set[int] = set()
+        for element in expr.elts:
+            value = _int_constant(element)
+            if value is None:
+                return None
+            members.add(value)
+        return members
+    if (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Name)
+        and expr.func.id == "range"
+        and not expr.keywords
+        and 1 <= len(expr.args) <= 2
+    ):
+        bounds = [_int_constant(a) for a in expr.args]
+        if any(b is None for b in bounds) or len(bounds) == 0:
+            return None
+        start, stop = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+        assert start is not None and stop is not None
+        if stop - start > 64:
+            return None
+        return set(range(start, stop))
+    return None
+
+
+def _int_constant(expr: ast.expr) -> int | None:
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        inner = _int_constant(expr.operand)
+        return None if inner is None else -inner
+    if isinstance(expr, ast.Constant) and type(expr.value) is int:
+        return expr.value
+    return None
 
 
 def single_process(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
@@ -388,7 +447,7 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
         return False
     if isinstance(expr, (ast.Name, ast.Attribute)):
         name = _tail(dotted(expr)).lower()
-        if "rank" in name and not _FLAG_NAMES.match(name):
+        if "rank" in name and not FLAG_NAMES.match(name):
             return True
         key = dotted(expr)
         if key is None or (isinstance(expr, ast.Attribute) and not key.startswith("self.")):
@@ -478,77 +537,8 @@ def mentions_main_or_rank(facts: ModuleFacts, expr: ast.AST) -> bool:
         return True
     for node in ast.walk(expr):
         if isinstance(node, (ast.Name, ast.Attribute)):
-            if _FLAG_NAMES.match(_tail(dotted(node)).lower()) is not None:
+            if FLAG_NAMES.match(_tail(dotted(node)).lower()) is not None:
                 return True
         elif isinstance(node, ast.Call) and any(s.rank0 for s in facts.summaries(node)):
             return True
     return False
-
-
-def guard_locality(facts: ModuleFacts, test: ast.AST, scope: Scope, depth: int = 0) -> str | None:
-    """Which rank a guard reads: ``"local"`` (the rank within the node: ``local_rank == 0``
-    holds once per node), ``"global"``, or None (no rank).
-
-    A test that reads both (``rank == 0 and local_rank == 0``) is global.
-
-    Example:
-        >>> import ast
-        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
-        >>> tree = ast.parse("gpu = int(os.environ['LOCAL_RANK'])\\nif gpu == 0: pass\\n")
-        >>> facts = ModuleFacts(tree)
-        >>> guard_locality(facts, tree.body[1].test, facts.module_scope)
-        'local'
-    """
-    if depth > 4:
-        return None
-    found: set[str] = set()
-    modulo = {
-        id(sub)
-        for node in ast.walk(test)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
-        for sub in ast.walk(node.left)
-    }
-    for node in ast.walk(test):
-        where = _leaf_locality(facts, node, scope, depth)
-        if where == "global" and id(node) in modulo:
-            where = "local"  # `rank % ngpus_per_node`: the index within the node
-        if where is not None:
-            found.add(where)
-    if "global" in found:
-        return "global"
-    return "local" if found else None
-
-
-def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) -> str | None:
-    if isinstance(node, ast.Constant):
-        if node.value in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
-            return "local"
-        if node.value in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
-            return "global"
-        return None
-    if isinstance(node, ast.Call):
-        summaries = facts.summaries(node)
-        if summaries:
-            kinds = {("local" if s.local else "global") for s in summaries if s.rank0}
-            kinds |= {s.rank_value for s in summaries if s.rank_value}
-            return "global" if "global" in kinds else ("local" if kinds else None)
-        last = _tail(call_name(node, facts.imports))
-        if last in _LOCAL_CALLS:
-            return "local"
-        return "global" if last in RANK_CALLS else None
-    if not isinstance(node, (ast.Name, ast.Attribute)):
-        return None
-    name = _tail(dotted(node)).lower()
-    if not name:
-        return None
-    is_rankish = "rank" in name or _FLAG_NAMES.match(name) is not None
-    if is_rankish and _LOCAL_NAME.search(name):
-        return "local"
-    key = dotted(node)
-    if key is not None and (isinstance(node, ast.Name) or key.startswith("self.")):
-        values = [v for v in facts.lookup(key, scope, _start(node)) if v is not None]
-        if values:
-            inner = {guard_locality(facts, v, scope, depth + 1) for v in values} - {None}
-            if inner:
-                return "global" if "global" in inner else "local"
-    return "global" if is_rankish else None

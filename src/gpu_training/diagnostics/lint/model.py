@@ -64,6 +64,8 @@ _CALL_KINDS: dict[str, str] = {
     "WeightedRandomSampler": "local_sampler",
     "SubsetRandomSampler": "local_sampler",
     "DataLoader": "loader",
+    "Accelerator": "accelerator",
+    "Fabric": "fabric",
     "GradScaler": "scaler",
     "ShardedGradScaler": "scaler",
     "CheckpointManager": "ckpt_manager",

@@ -51,7 +51,10 @@ from gpu_training.diagnostics.lint.model import (
 )
 from gpu_training.diagnostics.lint.summary import FuncRef, Summary
 
-__all__ = ["Project"]
+__all__ = [
+    "Project",
+    "find_project_root",
+]
 
 _MAX_IMPORTED_BYTES = 2_000_000  # an imported module larger than this is not read
 _GROUP_CREATORS = frozenset({"init_process_group", "init_distributed"})
@@ -148,7 +151,8 @@ class Project:
         cached = self._search_cache.get(start)
         if cached is not None:
             return cached
-        limit = next((r for r in self.roots if r == start or r in start.parents), None)
+        holding = [r for r in self.roots if r == start or r in start.parents]
+        limit = min(holding, key=lambda r: len(r.parts)) if holding else None  # the outermost
         dirs = [start]
         for parent in start.parents:
             if limit is not None and parent != limit and limit not in parent.parents:
@@ -474,3 +478,32 @@ def _parse_quietly(path: Path, project: Project) -> ModuleFacts | None:
     except (OSError, SyntaxError, ValueError, LookupError, UnicodeDecodeError, RecursionError):
         return None
     return ModuleFacts(tree, str(path), project)
+
+
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
+_MAX_ROOT_DEPTH = 8
+
+
+def find_project_root(path: str | os.PathLike[str]) -> Path | None:
+    """The repository a file or directory belongs to: the nearest directory above it (or it)
+    holding ``.git``, ``pyproject.toml``, ``setup.py`` or ``setup.cfg``, at most eight levels
+    up; None when there is none. A script linted alone resolves its imports from there, as it
+    would inside a run over the whole repository.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     (Path(tmp) / "setup.py").write_text("")
+        ...     (Path(tmp) / "tools").mkdir()
+        ...     find_project_root(Path(tmp) / "tools" / "train.py") == Path(tmp).resolve()
+        0
+        True
+    """
+    start = _resolved(str(path))
+    here = start if start.is_dir() else start.parent
+    for depth, candidate in enumerate([here, *here.parents]):
+        if depth > _MAX_ROOT_DEPTH or candidate == Path.home():
+            return None
+        if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
+            return candidate
+    return None

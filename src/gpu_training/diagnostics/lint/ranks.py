@@ -32,7 +32,11 @@ import ast
 from typing import NamedTuple
 
 from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, tail
-from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS, direct_collective
+from gpu_training.diagnostics.lint.collectives import (
+    DIST_SETUP_CALLS,
+    direct_collective,
+    switched_off,
+)
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
@@ -94,6 +98,7 @@ class RankAnalysis:
         if distributed:
             self.group_creators, self.every_rank_scopes = self._distributed_scopes()
         self._collectives_cache: dict[int, frozenset[str]] = {}
+        self._switching: set[_Func] = set()
 
     def collective(self, call: ast.Call, scope: Scope) -> str | None:
         """The collective a call runs, itself or through a function of this file.
@@ -106,13 +111,38 @@ class RankAnalysis:
             return direct
         for func in self.facts.local_functions(call):
             inner = self.collective_functions.get(func)
-            if inner is not None:
+            if inner is not None and not self._switched_off(self.facts, func, call):
                 return f"{func.name}(), which calls {inner}"
         for callee, func in self.facts.callees(call):
             summary = self.facts.resolver.summary((callee, func)) if self.facts.resolver else None
-            if callee is not self.facts and summary is not None and summary.collective:
+            if (
+                callee is not self.facts
+                and summary is not None
+                and summary.collective
+                and not self._switched_off(callee, func, call)
+            ):
                 return f"{summary.where}, which calls {summary.collective}"
         return None
+
+    def _switched_off(self, owner: ModuleFacts, func: _Func, call: ast.Call) -> bool:
+        """The call's literal arguments turn off the function's collectives
+        (``torch_distributed_zero_first(-1)``, ``evaluate(model, distributed=False)``)."""
+        if func in self._switching:
+            return False
+        scope = owner.scope_of(func)
+
+        def runs(sub: ast.Call) -> bool:
+            if direct_collective(sub, scope, owner) is not None:
+                return True
+            if owner is self.facts:
+                return self.collective(sub, scope) is not None
+            return any(s.collective for s in owner.summaries(sub))
+
+        self._switching.add(func)
+        try:
+            return switched_off(func, call, runs)
+        finally:
+            self._switching.discard(func)
 
     def collectives_in(self, stmts: list[ast.stmt], scope: Scope) -> frozenset[str]:
         """The names of the collectives a block runs (nested functions excluded)."""

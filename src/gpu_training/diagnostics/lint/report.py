@@ -1,8 +1,8 @@
 """``gpu-training lint``: find the classic distributed-training mistakes without running a script.
 
-An AST checker with one rule per pitfall of the guides (``GT001`` DataParallel … ``GT018`` a
-GPU index from the global rank; :data:`~gpu_training.diagnostics.lint.rules.RULES` lists them
-and ``gpu-training lint --explain GT007`` tells why each one is a bug). It reads the whole
+An AST checker with one rule per pitfall of the guides (``GT001`` DataParallel … ``GT019``
+bf16 parameters under torch.optim's AdamW; :data:`~gpu_training.diagnostics.lint.rules.RULES`
+lists them and ``gpu-training lint --explain GT007`` tells why each one is a bug). It reads the whole
 project: the files given, and the project's own modules they import (``utils.py`` beside
 ``main.py``), so a helper that creates the process group, replaces ``print`` on the other
 ranks, returns a rank-0 test or builds the sampler is read for what it does. It follows names
@@ -46,10 +46,11 @@ import re
 import tokenize
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.discover import SKIP_DIRS, importers, is_test_file, unresolved
+from gpu_training.diagnostics.lint.project import Project, find_project_root
 from gpu_training.diagnostics.lint.rules import BUG, HYGIENE, RULES, explain
 from gpu_training.diagnostics.lint.run import RawFinding, check_project
 
@@ -65,6 +66,7 @@ __all__ = [
     "explain",
     "format_json",
     "format_text",
+    "format_unresolved",
     "lint_paths",
     "lint_source",
     "select_rules",
@@ -76,7 +78,6 @@ EXIT_UNREADABLE = 4
 """Exit status bit: some file could not be read or parsed (the others were linted)."""
 
 _PY_SUFFIXES = (".py", ".pyw", ".pyi")
-_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 _NOQA = re.compile(r"#\s*noqa(?P<colon>:\s*(?P<codes>[A-Za-z]+\d+(?:[\s,]+[A-Za-z]+\d+)*))?", re.I)
 
 
@@ -142,11 +143,14 @@ class LintReport:
         findings: The findings, sorted by path, line, column and code.
         files: How many files were linted.
         errors: The files that could not be linted.
+        unresolved: ``(file, module)``: imports of the project's own modules that could not
+            be found (what their helpers do is unknown to the rules).
     """
 
     findings: list[Finding]
     files: int
     errors: list[FileError]
+    unresolved: list[tuple[str, str]] = field(default_factory=list)
 
 
 def select_rules(
@@ -313,13 +317,19 @@ def lint_source(
     return sorted(_findings(raw, source, path, codes))
 
 
-def collect_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+def collect_files(
+    paths: Sequence[str | os.PathLike[str]], *, include_tests: bool = False
+) -> list[Path]:
     """The Python files ``paths`` name: files as given, directories searched for ``*.py``.
 
-    Hidden directories (``.venv``, ``.git``) and ``__pycache__`` are skipped.
+    Hidden directories (``.venv``, ``.git``) and ``__pycache__`` are skipped, and so, unless
+    ``include_tests``, are test trees found under a directory (``tests/``, ``test/``,
+    ``test_*.py``, ``*_test.py``, ``conftest.py``): unit tests run one process and check
+    single-GPU code such as DataParallel on purpose. A file named on its own is always linted.
 
     Args:
         paths: Files and directories.
+        include_tests: Lint the test trees under the directories too.
 
     Returns:
         Files, in the order given (each directory's files sorted), without duplicates.
@@ -338,7 +348,9 @@ def collect_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
         if path.is_dir():
             for file in sorted(path.rglob("*")):
                 rel = file.relative_to(path).parts
-                if any(p.startswith(".") or p in _SKIP_DIRS for p in rel[:-1]):
+                if any(p.startswith(".") or p in SKIP_DIRS for p in rel[:-1]):
+                    continue
+                if not include_tests and is_test_file(rel):
                     continue
                 if file.suffix in _PY_SUFFIXES and file.is_file():
                     found[file] = None
@@ -381,6 +393,7 @@ def lint_paths(
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
     hygiene: bool = False,
+    include_tests: bool = False,
 ) -> LintReport:
     """Lint files and directories as one project.
 
@@ -393,6 +406,8 @@ def lint_paths(
         select: Rule codes or prefixes to report (default every bug rule).
         ignore: Rule codes or prefixes to leave out.
         hygiene: Report the hygiene rules too.
+        include_tests: Lint the test trees under the directories too (see
+            :func:`collect_files`).
 
     Returns:
         The findings, the number of files linted and the files that could not be.
@@ -402,9 +417,10 @@ def lint_paths(
             or an unknown code; the message names the path or the code.
     """
     codes = select_rules(select, ignore, hygiene=hygiene)
-    files = collect_files(paths)
+    files = collect_files(paths, include_tests=include_tests)
     roots = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
-    project = Project(roots)
+    repositories = sorted({r for p in paths if (r := find_project_root(p)) is not None})
+    project = Project([*roots, *repositories])
     sources: dict[str, str] = {}
     errors: list[FileError] = []
     for file in files:
@@ -416,14 +432,24 @@ def lint_paths(
             errors.append(FileError(name, err.line, err.col, err.message))
             continue
         sources[name] = source
+    for file in importers(files, repositories, project, include_tests=include_tests):
+        try:  # context: what calls the linted files' functions, and from where (not reported)
+            project.add(str(file), _parse(_read(file), str(file)))
+        except _Unparsable:
+            continue
     findings: list[Finding] = []
     for name, raw in check_project(project).items():
+        if name not in sources:
+            continue
         if isinstance(raw, str):
             errors.append(FileError(name, 0, 0, raw))
             del sources[name]
         else:
             findings += _findings(raw, sources[name], name, codes)
-    return LintReport(sorted(findings), len(sources), sorted(errors))
+    missing = sorted(
+        (name, module) for name in sources for module in unresolved(project, name, repositories)
+    )
+    return LintReport(sorted(findings), len(sources), sorted(errors), missing)
 
 
 def exit_code(report: LintReport) -> int:
@@ -463,6 +489,24 @@ def format_text(findings: Sequence[Finding], files: int, errors: Sequence[FileEr
     summary = f"Found {len(findings)} {noun} in {touched} of {files} files ({per_code}){unlinted}."
     hint = "Run 'gpu-training lint --explain CODE' for why and how to fix."
     return "\n".join([*(f.format() for f in findings), *rows, summary, hint])
+
+
+def format_unresolved(unresolved: Sequence[tuple[str, str]], shown: int = 5) -> str:
+    """The note on the project imports that could not be found: one line per file, the first
+    ``shown`` files, then how many more.
+
+    Example:
+        >>> print(format_unresolved([("train.py", "utils.dist"), ("train.py", ".models")]))
+        note: project imports not found (their helpers were not read): train.py: utils.dist, .models
+    """
+    per_file: dict[str, list[str]] = {}
+    for path, module in unresolved:
+        per_file.setdefault(path, []).append(module)
+    head = "note: project imports not found (their helpers were not read): "
+    lines = [f"{head}{path}: {', '.join(mods)}" for path, mods in list(per_file.items())[:shown]]
+    if len(per_file) > shown:
+        lines.append(f"note: ... and {len(per_file) - shown} more files with imports not found")
+    return "\n".join(lines)
 
 
 def format_json(findings: Sequence[Finding], errors: Sequence[FileError] = ()) -> str:

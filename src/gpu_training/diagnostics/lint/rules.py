@@ -205,7 +205,11 @@ _RULE_LIST = [
         """"A barrier that only some ranks reach causes a deadlock; every barrier must be called
         by all ranks." The same holds for every collective (all_reduce, broadcast, gather...)
         and for helpers that run one: CheckpointManager.save() is a barrier, reduce_scalar_dict
-        an all-reduce, an FSDP state_dict() an all-gather. Without
+        an all-reduce, an FSDP state_dict() an all-gather - and for libraries' calls that are
+        collectives under the hood: Accelerate's save_state and wait_for_everyone, Fabric's
+        save, a DeepSpeed engine's save_checkpoint, the forward or generate() of an
+        FSDP-sharded model (it all-gathers the parameters). (A helper whose literal argument
+        turns its barrier off, torch_distributed_zero_first(-1), is not one there.) Without
         TORCH_DISTRIBUTED_DEBUG=DETAIL the job hangs silently until the 30-minute timeout.""",
         """Call the collective on every rank, outside the `if rank == 0` block; keep only the
         rank-0 work (printing, writing) inside it.""",
@@ -344,6 +348,27 @@ _RULE_LIST = [
         .to()/device_ids (gpu_training.ddp.resolve_device(ctx) does it).""",
         ("tutorial", "Launching with torchrun"),
         ("dist", "The process group mental model"),
+    ),
+    _rule(
+        "GT019",
+        "bf16-adam-no-master-weights",
+        "bf16 parameters stepped by torch.optim Adam/AdamW without fp32 master weights",
+        """The module itself was converted to bfloat16 (model.to(torch.bfloat16),
+        model.bfloat16(), from_pretrained(..., torch_dtype=torch.bfloat16)) and its parameters
+        handed to torch.optim.Adam/AdamW, which updates them in their own dtype. bfloat16 keeps
+        8 bits of mantissa: a weight near 1e-2 moves only in steps of about 6e-5 (an update
+        under half of that rounds away), while an Adam update is about lr (1e-4..1e-5), so
+        small updates vanish, the others are rounded coarsely, and training stalls or
+        degrades. Mixed precision keeps fp32 parameters (the "master weights") and computes
+        in bf16. (Not flagged: a DeepSpeed script, Accelerate's FSDP or DeepSpeed plugin,
+        which keep or upcast to fp32, optimizers of other packages such as bitsandbytes or
+        AnyPrecisionAdamW with Kahan summation.)""",
+        """Keep the parameters in fp32 and compute in bf16: torch.autocast(device_type="cuda",
+        dtype=torch.bfloat16) around the forward (gpu_training.amp.MixedPrecisionStepper(
+        optimizer, "bf16")), FSDP's MixedPrecision(param_dtype=torch.bfloat16), or DeepSpeed's
+        bf16 mode; or use an optimizer that keeps fp32 copies or compensated updates.""",
+        ("amp", "Two ideas people conflate"),
+        ("amp", "fp16 vs bf16: which to use"),
     ),
 ]
 

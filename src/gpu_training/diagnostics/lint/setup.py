@@ -33,7 +33,7 @@ from collections.abc import Callable
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
-__all__ = ["SetupRules", "global_rank_source"]
+__all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 
 Report = Callable[[ast.AST, str, str], None]
 """``report(node, code, detail)``."""
@@ -55,7 +55,8 @@ _OPTIMIZERS = frozenset(
         "Adafactor",
     }
 )
-_EVAL_NAME = re.compile(r"val|eval|test|dev", re.I)
+EVAL_NAME = re.compile(r"val|eval|test|dev", re.I)
+"""A name that says validation, evaluation or test data (a loader no training step reads)."""
 _CUDA_INDEX = re.compile(r"^cuda:\d+$")
 _GLOBAL_RANK_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
 
@@ -186,7 +187,7 @@ class SetupRules:
         names.append(dotted(dataset) if dataset is not None else None)
         parent = self._assign_target(call)
         names.append(parent)
-        if any(n is not None and _EVAL_NAME.search(tail(n)) for n in names):
+        if any(n is not None and EVAL_NAME.search(tail(n)) for n in names):
             return True
         # Handed to accelerate's prepare() or Fabric's setup_dataloaders(), which shard it.
         return any(
@@ -347,7 +348,7 @@ def global_rank_source(
         return None
     if isinstance(expr, ast.Subscript):
         base = facts.imports.resolve(dotted(expr.value))
-        if base == "os.environ":
+        if base == "os.environ" or _environ_copy(facts, expr.value, scope):
             return _env_rank(expr.slice, expr)
         return None
     if isinstance(expr, (ast.Name, ast.Attribute)):
@@ -363,6 +364,23 @@ def global_rank_source(
             assert value is not None
             return f"{key} = {ast.unparse(value)} (line {value.lineno})"
     return None
+
+
+def _environ_copy(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:
+    """A name bound only to a copy of the environment (``env = dict(os.environ)``,
+    ``os.environ.copy()``, ``{k: os.environ[k] for k in ...}``)."""
+    if not isinstance(expr, ast.Name):
+        return False
+    values = facts.lookup_all(expr.id, scope)
+    return bool(values) and all(
+        v is not None
+        and any(
+            facts.imports.resolve(dotted(n)) == "os.environ"
+            for n in ast.walk(v)
+            if isinstance(n, ast.Attribute)
+        )
+        for v in values
+    )
 
 
 def _env_rank(key: ast.expr, expr: ast.expr) -> str | None:

@@ -41,6 +41,7 @@ from gpu_training.diagnostics.lint.model import (
     dotted,
     iter_scope_nodes,
 )
+from gpu_training.diagnostics.lint.setup import EVAL_NAME
 
 __all__ = [
     "LoopAnalysis",
@@ -111,6 +112,38 @@ class LoopAnalysis:
                     cached = True
             self._sync_cache[loop] = cached
         return cached
+
+    def hands_loader_on(self, loop: ast.For | ast.AsyncFor | ast.While, scope: Scope) -> bool:
+        """A loop whose body passes a data loader to a function of the project that iterates
+        it and calls no ``set_epoch`` itself (an epoch loop around ``train(model, loader)``).
+        A function nobody here can read (an installed package's, ``list.append``) is not
+        one: what it does is unknown."""
+        for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+            if not isinstance(node, ast.Call):
+                continue
+            refs = self.facts.callees(node)
+            if not refs:
+                continue
+            hands = any(
+                isinstance(arg, (ast.Name, ast.Attribute))
+                and not EVAL_NAME.search(tail(dotted(arg)))  # `validate(model, val_loader)`
+                and "loader" in self.facts.kinds(arg, scope)
+                for arg in [*node.args, *(k.value for k in node.keywords)]
+            )
+            if hands and not any(_calls_set_epoch(func) for _, func in refs):
+                return True
+        return False
+
+    def accumulating_step(self, call: ast.Call, scope: Scope) -> str | None:
+        """``GT013`` outside a loop: a per-batch method (a Trainer's ``train_step(batch, i)``)
+        that backpropagates on every call and steps only under an accumulation test after it,
+        with no ``no_sync()`` in the method; where it steps, or None."""
+        func = scope.node
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        if self.handles_sync(func, scope):
+            return None
+        return self.accumulating_backward(func, call, scope)
 
     def accumulating_backward(self, loop: ast.stmt, call: ast.Call, scope: Scope) -> str | None:
         """``GT013``: whether a backward in an accumulation loop runs on micro-batches that do
@@ -512,3 +545,12 @@ def _dtype_name(expr: ast.expr | None, facts: ModuleFacts) -> str:
             name = resolved.pop()
     last = tail(name)
     return {"half": "float16", "bf16": "bfloat16"}.get(last, last or "unknown")
+
+
+def _calls_set_epoch(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The function sets the sampler's epoch itself (``sampler.set_epoch(epoch)``), or hands
+    the work on to the toolkit's ``train_one_epoch``, which does."""
+    return any(
+        isinstance(node, ast.Call) and tail(dotted(node.func)) in ("set_epoch", "train_one_epoch")
+        for node in ast.walk(func)
+    )

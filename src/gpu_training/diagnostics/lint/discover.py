@@ -1,0 +1,169 @@
+"""Where a lint run's files sit in their repository: the test trees a directory run leaves out,
+the repository's files that import the linted ones (their call sites are context), and the
+imports of the project's own modules that cannot be found.
+
+A file linted alone should get the answer a run over its repository gives: its imports are
+resolved from the repository root (:func:`~gpu_training.diagnostics.lint.project.find_project_root`)
+and the files that call its functions are read too (:func:`importers`), not reported.
+
+Example:
+    >>> is_test_file(("tests", "test_ddp.py")), is_test_file(("train.py",))
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+from pathlib import Path
+
+from gpu_training.diagnostics.lint.project import Project
+
+__all__ = ["SKIP_DIRS", "importers", "is_test_file", "python_files", "unresolved"]
+
+SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
+"""Directories never searched for Python files (hidden ones neither)."""
+_TEST_DIRS = frozenset({"test", "tests", "testing", "unittests", "unit_tests"})
+
+
+def is_test_file(parts: tuple[str, ...] | list[str]) -> bool:
+    """Whether a path (its parts below the directory searched) is in a test tree.
+
+    Example:
+        >>> is_test_file(("src", "model_test.py")), is_test_file(("testing_utils.py",))
+        (True, False)
+    """
+    *dirs, name = parts
+    if any(d.lower() in _TEST_DIRS for d in dirs):
+        return True
+    stem = name.rsplit(".", 1)[0]
+    return stem.startswith("test_") or stem.endswith("_test") or stem == "conftest"
+
+
+def python_files(root: Path, *, include_tests: bool = False) -> list[Path]:
+    """The ``.py`` files under ``root``, sorted; hidden and :data:`SKIP_DIRS` directories
+    skipped, and test trees unless ``include_tests``."""
+    found = []
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = Path(directory) / name
+            if include_tests or not is_test_file(path.relative_to(root).parts):
+                found.append(path)
+    return found
+
+
+_MAX_PROJECT_FILES = 5000
+_MAX_CONTEXT_BYTES = 1_000_000
+
+
+def importers(
+    files: list[Path], repositories: list[Path], project: Project, *, include_tests: bool
+) -> list[Path]:
+    """The files of the linted files' repositories that import one of them (and are not
+    linted themselves): their call sites decide the context of the linted helpers (a save in
+    ``utils.py`` every caller of which guards with rank 0), as in a run over the repository."""
+    if not repositories or not files:
+        return []
+    linted = {_real(f) for f in files}
+    stems = {f.stem for f in files if f.stem != "__init__"} | {
+        f.parent.name for f in files if f.stem == "__init__"
+    }
+    if not stems:
+        return []
+    pattern = re.compile(
+        r"^\s*(?:from\s+\S*\b(?:%s)\b\S*\s+import|import\s+[^\n]*\b(?:%s)\b"
+        r"|from\s+\S+\s+import\s+[^\n]*\b(?:%s)\b)" % (("|".join(map(re.escape, stems)),) * 3),
+        re.M,
+    )
+    found: list[Path] = []
+    for repository in repositories:
+        candidates = python_files(repository, include_tests=include_tests)
+        if len(candidates) > _MAX_PROJECT_FILES:
+            continue
+        for candidate in candidates:
+            if _real(candidate) in linted or candidate in found:
+                continue
+            try:
+                if candidate.stat().st_size > _MAX_CONTEXT_BYTES:
+                    continue
+                text = candidate.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            if pattern.search(text) and _imports_one_of(project, candidate, text, linted):
+                found.append(candidate)
+    return found
+
+
+def _imports_one_of(project: Project, path: Path, text: str, linted: set[Path]) -> bool:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    for node in ast.walk(tree):
+        targets: list[tuple[str, int]] = []
+        if isinstance(node, ast.Import):
+            targets = [(a.name, 0) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            targets = [(base, node.level)]
+            targets += [(f"{base}.{a.name}".lstrip("."), node.level) for a in node.names]
+        for module, level in targets:
+            target = project.module_file(str(path), module, level)
+            if target is not None and _real(target) in linted:
+                return True
+    return False
+
+
+def unresolved(project: Project, name: str, repositories: list[Path]) -> list[str]:
+    """The imports of a linted file that name a module of its project that cannot be found
+    from it (a relative import to nowhere; ``from utils.dist import ...`` where the project has
+    a ``utils`` somewhere else): helpers there are not read, so what they do is unknown."""
+    facts = project.linted[name]
+    tops = _project_top_names(tuple(repositories))
+    missing: list[str] = []
+    for node in ast.walk(facts.tree):
+        if isinstance(node, ast.Import):
+            modules = [(a.name, 0) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            modules = [(node.module or "", node.level)]
+        else:
+            continue
+        for module, level in modules:
+            top = module.split(".")[0]
+            if not level and (top not in tops or top in sys.stdlib_module_names):
+                continue  # not the project's: torch, the standard library (`timm/typing.py`)
+            if project.module_file(name, module, level) is None:
+                missing.append("." * level + module)
+    return list(dict.fromkeys(missing))
+
+
+_TOP_CACHE: dict[tuple[Path, ...], frozenset[str]] = {}
+
+
+def _project_top_names(repositories: tuple[Path, ...]) -> frozenset[str]:
+    """The names of the packages and modules of the repositories (any depth, tests aside)."""
+    cached = _TOP_CACHE.get(repositories)
+    if cached is None:
+        names: set[str] = set()
+        for repository in repositories:
+            files = python_files(repository)
+            if len(files) > _MAX_PROJECT_FILES:
+                continue
+            for file in files:
+                names.add(file.stem)
+                names.update(file.relative_to(repository).parts[:-1])
+        names -= {"__init__", "src", "lib"}
+        cached = _TOP_CACHE[repositories] = frozenset(names)
+    return cached
+
+
+def _real(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return path

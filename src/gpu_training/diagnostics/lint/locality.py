@@ -1,0 +1,142 @@
+"""Which rank a guard reads, and the names that say "rank 0" where no body can be read.
+
+* :func:`guard_locality` — ``"local"`` (the rank within the node: ``local_rank == 0`` holds
+  once per node, ``dist.get_rank(group=local_group)``), ``"global"``, or None;
+* :data:`FLAG_NAMES` — the flags of frameworks and installed packages (``is_main_process``,
+  ``is_global_zero``, ``is_rank_0``), whose bodies are not in the project;
+* :func:`rank_zero_decorator` — ``@rank_zero_only`` and its kin: the function runs on rank 0.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> tree = ast.parse("gpu = int(os.environ['LOCAL_RANK'])\\nif gpu == 0: pass\\n")
+    >>> facts = ModuleFacts(tree)
+    >>> guard_locality(facts, tree.body[1].test, facts.module_scope)
+    'local'
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from gpu_training.diagnostics.lint.model import RANK_CALLS, ModuleFacts, Scope, call_name, dotted
+
+__all__ = ["FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
+
+# Flags of frameworks and installed packages, whose bodies are not in the project.
+FLAG_NAMES = re.compile(
+    r"^(is_(local_|global_|world_|node_)?(main|master|primary|chief)(_process|_rank|_worker"
+    r"|_node|_gpu|_device)?|(local_|global_)?(main|master)_process"
+    r"|(is_|on_)?(global_)?(rank|process)_?(0|zero)"
+    r"|is_global_zero|is_world_process_zero|is_local_process_zero|is_last_process)$"
+)
+RANK_ZERO_DECORATORS = re.compile(
+    r"^(rank_?(0|zero)(_only)?|(main|master)(_process)?_only|on_(local_)?main_process"
+    r"|on_rank_?(0|zero)|only_(on_)?(rank_?(0|zero)|main|master)(_process)?)$"
+)
+_LOCAL_NAME = re.compile(r"local|node")
+_LOCAL_CALLS = frozenset({"get_local_rank", "get_node_local_rank"})
+
+
+def rank_zero_decorator(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The decorator that runs a function on rank 0 only (Lightning's ``@rank_zero_only``,
+    ``@master_only``, Accelerate's ``@accelerator.on_main_process``), if any.
+
+    Example:
+        >>> import ast
+        >>> rank_zero_decorator(ast.parse("@rank_zero_only\\ndef f(): pass").body[0])
+        'rank_zero_only'
+    """
+    for decorator in func.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = _tail(dotted(target))
+        if RANK_ZERO_DECORATORS.match(name.lower()):
+            return name
+    return None
+
+
+def guard_locality(facts: ModuleFacts, test: ast.AST, scope: Scope, depth: int = 0) -> str | None:
+    """Which rank a guard reads: ``"local"`` (the rank within the node: ``local_rank == 0``
+    holds once per node), ``"global"``, or None (no rank).
+
+    A test that reads both (``rank == 0 and local_rank == 0``) is global.
+
+    Example:
+        >>> import ast
+        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+        >>> tree = ast.parse("gpu = int(os.environ['LOCAL_RANK'])\\nif gpu == 0: pass\\n")
+        >>> facts = ModuleFacts(tree)
+        >>> guard_locality(facts, tree.body[1].test, facts.module_scope)
+        'local'
+    """
+    if depth > 4:
+        return None
+    found: set[str] = set()
+    modulo = {
+        id(sub)
+        for node in ast.walk(test)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
+        for sub in ast.walk(node.left)
+    }
+    callees = {
+        id(n.func)
+        for n in ast.walk(test)
+        if isinstance(n, ast.Call) and _leaf_locality(facts, n, scope, depth) is not None
+    }
+    for node in ast.walk(test):
+        if id(node) in callees and isinstance(node, ast.Attribute):
+            continue  # `dist.get_rank` in `dist.get_rank(group=g)`: the call says which rank
+        where = _leaf_locality(facts, node, scope, depth)
+        if where == "global" and id(node) in modulo:
+            where = "local"  # `rank % ngpus_per_node`: the index within the node
+        if where is not None:
+            found.add(where)
+    if "global" in found:
+        return "global"
+    return "local" if found else None
+
+
+def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) -> str | None:
+    if isinstance(node, ast.Constant):
+        if node.value in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+            return "local"
+        if node.value in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+            return "global"
+        return None
+    if isinstance(node, ast.Call):
+        summaries = facts.summaries(node)
+        if summaries:
+            kinds = {("local" if s.local else "global") for s in summaries if s.rank0}
+            kinds |= {s.rank_value for s in summaries if s.rank_value}
+            return "global" if "global" in kinds else ("local" if kinds else None)
+        last = _tail(call_name(node, facts.imports))
+        if last in _LOCAL_CALLS:
+            return "local"
+        if last == "get_rank" and (node.args or any(k.arg == "group" for k in node.keywords)):
+            return "local"  # `dist.get_rank(group=_LOCAL_PROCESS_GROUP)`: a rank in a subgroup
+        return "global" if last in RANK_CALLS else None
+    if not isinstance(node, (ast.Name, ast.Attribute)):
+        return None
+    name = _tail(dotted(node)).lower()
+    if not name:
+        return None
+    is_rankish = "rank" in name or FLAG_NAMES.match(name) is not None
+    if is_rankish and _LOCAL_NAME.search(name):
+        return "local"
+    key = dotted(node)
+    if key is not None and (isinstance(node, ast.Name) or key.startswith("self.")):
+        values = [v for v in facts.lookup(key, scope, _start(node)) if v is not None]
+        if values:
+            inner = {guard_locality(facts, v, scope, depth + 1) for v in values} - {None}
+            if inner:
+                return "global" if "global" in inner else "local"
+    return "global" if is_rankish else None
+
+
+def _tail(name: str | None) -> str:
+    return "" if name is None else name.rsplit(".", 1)[-1]
+
+
+def _start(node: ast.AST) -> tuple[int, int]:
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))

@@ -1,0 +1,180 @@
+"""``GT019``: bf16 parameters stepped by ``torch.optim.Adam``/``AdamW``, with no fp32 master copy.
+
+bfloat16 keeps 8 bits of mantissa: a weight of 1e-2 cannot move by less than about 4e-5, and
+Adam's update is ``lr`` (1e-4 .. 1e-5) times a ratio near 1, so most updates round to nothing
+and training stalls while the loss looks merely slow. Mixed precision keeps the parameters in
+fp32 and computes in bf16 (``autocast``, FSDP's ``MixedPrecision(param_dtype=...)``, DeepSpeed's
+and Accelerate's bf16 modes); the pitfall is converting the module itself (``model.to(
+torch.bfloat16)``, ``model.bfloat16()``, ``from_pretrained(..., torch_dtype=torch.bfloat16)``,
+``torch.set_default_dtype(torch.bfloat16)``) and handing its parameters to ``torch.optim``.
+
+What counts: the module named by the conversion and the first argument of ``Adam``/``AdamW``
+(``model.parameters()``, a list of groups built from it) in the same function, or anywhere in
+the file for ``set_default_dtype``. Not flagged: an optimizer of another package (bitsandbytes,
+``AnyPrecisionAdamW`` with Kahan summation), a file handing the model to DeepSpeed (fp32 master
+weights of its own) or Accelerate's FSDP or DeepSpeed plugin (FSDP upcasts the sharded
+parameters to fp32 under mixed precision), a conversion back (``.float()``, ``.to(torch.float32)``) of the module.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> source = ("import torch\\nmodel = Net().to(torch.bfloat16)\\n"
+    ...           "opt = torch.optim.AdamW(model.parameters(), lr=1e-4)\\n")
+    >>> facts = ModuleFacts(ast.parse(source))
+    >>> [(call.lineno, detail) for call, detail in bf16_adam(facts)]
+    [(3, 'model is bfloat16 (line 2: Net().to(torch.bfloat16)); AdamW keeps no fp32 copy')]
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+
+__all__ = ["bf16_adam"]
+
+_ADAM = frozenset({"Adam", "AdamW"})
+_FP32 = frozenset({"float32", "float"})
+_UPCASTING_PLUGINS = frozenset({"FullyShardedDataParallelPlugin", "DeepSpeedPlugin"})
+
+
+def _dtype(expr: ast.expr | None, facts: ModuleFacts) -> str | None:
+    """``"bfloat16"`` for ``torch.bfloat16`` (or ``"bf16"``), ``"float32"``…; None: unknown."""
+    if expr is None:
+        return None
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32"}.get(expr.value)
+    name = facts.imports.resolve(dotted(expr)) or ""
+    if name.startswith("torch."):
+        return name.rsplit(".", 1)[-1]
+    return None
+
+
+def _conversion(call: ast.Call, facts: ModuleFacts) -> tuple[str, ast.expr] | None:
+    """``x.to(torch.bfloat16)``/``x.bfloat16()`` → ``("bfloat16", x)``; ``x.float()`` →
+    ``("float32", x)``; ``from_pretrained(..., torch_dtype=torch.bfloat16)`` → bfloat16 of the
+    call itself."""
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        if func.attr == "bfloat16" and not call.args:
+            return "bfloat16", func.value
+        if func.attr == "float" and not call.args:
+            return "float32", func.value
+        if func.attr == "to":
+            dtype = keyword_arg(call, "dtype")
+            candidates = [dtype] if dtype is not None else list(call.args)
+            for candidate in candidates:
+                kind = _dtype(candidate, facts)
+                if kind == "bfloat16" or kind in _FP32:
+                    return ("bfloat16" if kind == "bfloat16" else "float32"), func.value
+        if func.attr in ("from_pretrained", "from_config"):
+            kind = _dtype(keyword_arg(call, "torch_dtype") or keyword_arg(call, "dtype"), facts)
+            if kind == "bfloat16":
+                return "bfloat16", call
+    return None
+
+
+def _bound_name(call: ast.Call, parents: dict[int, ast.AST]) -> str | None:
+    """The name a call's value is assigned to (``model = Net().to(torch.bfloat16)``)."""
+    parent = parents.get(id(call))
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+        return dotted(parent.targets[0])
+    if isinstance(parent, ast.AnnAssign):
+        return dotted(parent.target)
+    return None
+
+
+def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0) -> set[str]:
+    """The names an expression reads, through the names it reads (``groups = [{"params":
+    model.parameters()}]``; ``AdamW(groups)`` reads ``model``)."""
+    found: set[str] = set()
+    for node in ast.walk(expr):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            key = dotted(node)
+            if key is None:
+                continue
+            found.add(key)
+            if isinstance(node, ast.Name) and depth < 3:
+                for value in facts.lookup(key, scope, (node.lineno, node.col_offset)):
+                    if value is not None and value is not expr:
+                        found |= _mentioned(value, facts, scope, depth + 1)
+    return found
+
+
+def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
+    """``GT019``: the ``torch.optim.Adam``/``AdamW`` constructions over bf16 parameters.
+
+    Args:
+        facts: The file's facts.
+
+    Returns:
+        ``(the optimizer call, evidence)`` pairs.
+    """
+    calls = [n for n in ast.walk(facts.tree) if isinstance(n, ast.Call)]
+    names = {call_name(c, facts.imports) for c in calls}
+    if any(n.startswith("deepspeed.") for n in names) or any(
+        tail(n) in _UPCASTING_PLUGINS for n in names
+    ):
+        # DeepSpeed keeps fp32 master weights of its own; Accelerate's FSDP upcasts the
+        # low-precision parameters it shards to fp32 when mixed precision is on
+        return []
+    default_bf16 = next(
+        (
+            c
+            for c in calls
+            if tail(call_name(c, facts.imports)) == "set_default_dtype"
+            and c.args
+            and _dtype(c.args[0], facts) == "bfloat16"
+        ),
+        None,
+    )
+    parents = {
+        id(child): node for node in ast.walk(facts.tree) for child in ast.iter_child_nodes(node)
+    }
+    found: list[tuple[ast.Call, str]] = []
+    for scope_node, nodes in facts.scope_nodes.items():
+        scope_calls = [n for n in nodes if isinstance(n, ast.Call)]
+        bf16: dict[str, ast.Call] = {}
+        fp32: set[str] = set()
+        for call in scope_calls:
+            conversion = _conversion(call, facts)
+            if conversion is None:
+                continue
+            kind, target = conversion
+            names_of = {dotted(target), _bound_name(call, parents)} - {None}
+            if isinstance(target, ast.Call):  # `Net().to(torch.bfloat16)` bound to a name
+                names_of = {_bound_name(call, parents)} - {None}
+            for name in names_of:
+                assert name is not None
+                if kind == "bfloat16":
+                    bf16.setdefault(name, call)
+                else:
+                    fp32.add(name)
+        for call in scope_calls:
+            name = call_name(call, facts.imports)
+            if not (name.startswith("torch.optim.") and tail(name) in _ADAM):
+                continue
+            params = call.args[0] if call.args else keyword_arg(call, "params")
+            if params is None:
+                continue
+            mentioned = _mentioned(params, facts, facts.scopes[scope_node])
+            hit = next((m for m in sorted(bf16) if m in mentioned and m not in fp32), None)
+            if hit is not None:
+                conv = bf16[hit]
+                found.append(
+                    (
+                        call,
+                        f"{hit} is bfloat16 (line {conv.lineno}: {ast.unparse(conv)[:60]}); "
+                        f"{tail(name)} keeps no fp32 copy",
+                    )
+                )
+            elif default_bf16 is not None and not bf16 and not fp32:
+                found.append(
+                    (
+                        call,
+                        f"torch.set_default_dtype(torch.bfloat16) (line {default_bf16.lineno}) "
+                        f"makes the parameters bfloat16; {tail(name)} keeps no fp32 copy",
+                    )
+                )
+    return found
