@@ -8,7 +8,7 @@ EXTRAS ?= dev,monitor,plot,tensorboard,trackers,hf
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install slurm test test-quick test-gpu lint format demo bench bench-env bench-gpu clean
+.PHONY: help install slurm chromium test test-quick test-gpu lint format demo bench bench-env bench-gpu clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
@@ -34,12 +34,16 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation "deepspeed>=0.19,<0.20"
 	@touch $@
 
-install: $(VENV)/.installed slurm
+install: $(VENV)/.installed slurm chromium
 
 # The real SLURM of tests/test_slurm_cluster.py (Debian's packages, no service started): a no-op
 # once installed; where it cannot install (not root, no apt-get) it says so and those tests skip.
 slurm:
 	@sh .ci/install-slurm
+
+# Debian's chromium, for the report page's test in a real browser (headless); like slurm.
+chromium:
+	@sh .ci/install-chromium
 
 # Two passes. First the tests without a limit in seconds, on $(TEST_WORKERS) pytest-xdist workers:
 # whole files each (a module's shared runs happen once), the slow files first. Then the tests
@@ -57,7 +61,7 @@ define two_passes
 	exit $$rc
 endef
 
-test: $(VENV)/.installed slurm
+test: $(VENV)/.installed slurm chromium
 	$(call two_passes,,20)
 
 test-quick: $(VENV)/.installed

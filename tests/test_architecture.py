@@ -55,7 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("strategies and runtime", ("strategy", "preemption", "watchdog", "stall_report")),
     ("trainer", ("trainer",)),
-    ("tools", ("diagnostics", "preflight", "launcher", "cost")),
+    ("tools", ("diagnostics", "preflight", "launcher", "cost", "report_page")),
     ("command line", ("cli", "commands", "__main__")),
 ]
 

@@ -119,6 +119,7 @@ def test_subcommand_surface() -> None:
         "plan",
         "find-batch",
         "monitor",
+        "report",
         "lint",
         "verify",
         "doctor",

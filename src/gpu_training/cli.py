@@ -62,6 +62,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "find_batch",
     "monitor",
+    "report",
     "diagnostics",
 )
 """The modules under ``gpu_training.commands``, in ``--help`` order; each defines

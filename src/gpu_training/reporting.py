@@ -167,6 +167,7 @@ class MetricsWriter:
         if resume_step is not None:
             dropped = _truncate_after(self.path, resume_step)
         self._file = self.path.open("a", encoding="utf-8")
+        _note_event(self.path.parent, "resume" if resume_step else "start", resume_step or 0)
         if any(t.name not in ("jsonl", "tensorboard") for t in trackers):
             from gpu_training.trackers import TrackerStart, open_trackers
 
@@ -244,6 +245,15 @@ class MetricsWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close(exc)
+
+
+def _note_event(directory: Path, event: str, step: int) -> None:
+    """One line in ``events.jsonl``: the run started or resumed (``gpu-training report``)."""
+    from datetime import datetime, timezone
+
+    record = {"event": event, "step": step, "time": datetime.now(timezone.utc).isoformat()}
+    with (directory / "events.jsonl").open("a", encoding="utf-8") as file:
+        file.write(json.dumps(record) + "\n")
 
 
 def _truncate_after(path: Path, step: int) -> dict[str, int]:

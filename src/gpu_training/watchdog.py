@@ -44,6 +44,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, MutableMapping
 from datetime import timedelta
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO, TypeVar
 
@@ -474,6 +475,11 @@ class StallWatchdog:
         report.message = f"stall detected by rank {rank}: {verdict}"
         self.report = report
         self._write(f"gpu-training watchdog: {report.message}\n")
+        if self.dump_dir is not None:  # for `gpu-training report`
+            with contextlib.suppress(OSError):
+                folder = Path(self.dump_dir) / "flight_recorder"
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"verdict-rank{rank}.txt").write_text(report.message + "\n")
         record_stall_error(report, first=rank in culprits or not culprits)
         if self.on_stall is not None:
             self.on_stall(report)
