@@ -13,7 +13,9 @@ ranks every ``log_every`` steps:
 - ``train_one_epoch``: the guide's epoch helper on the same pieces (it reads its sums once,
   at the end of the epoch).
 - ``trainer``: ``Trainer(job, task=...).fit()``, ``max_grad_norm: null``, evaluation, plots,
-  TensorBoard and progress off; its one checkpoint falls after the timed window.
+  TensorBoard and progress off; its one checkpoint falls after the timed window. Per-rank
+  telemetry is on (the default); ``trainer_no_telemetry`` is the same with
+  ``run.telemetry: false``, so the two ratios to ``plain`` show what telemetry costs.
 - ``accelerate``, ``fabric``: each tool's documented loop (``Accelerator(cpu=True)`` /
   ``Fabric(accelerator="cpu")``) on the same model, data, optimizer and schedule; measured
   when installed (``make bench-env``: a separate environment pinned to the project's torch).
@@ -85,7 +87,7 @@ from gpu_training.tasks import Task, resolve_task  # noqa: E402
 from gpu_training.trainer import Trainer  # noqa: E402
 
 WORKLOADS = ("transformer", "mlp")
-OURS = ("helper", "train_one_epoch", "trainer")
+OURS = ("helper", "train_one_epoch", "trainer", "trainer_no_telemetry")
 BASE_KINDS = ("plain", *OURS)
 FRAMEWORKS = {"accelerate": "accelerate", "fabric": "lightning_fabric"}
 GOALS = {"transformer": 1.03, "mlp": 1.10}
@@ -224,16 +226,21 @@ def run_train_one_epoch(task: Task, plan: Plan, world: int) -> StepClock:
     return clock
 
 
-def run_trainer(task: Task, plan: Plan, world: int) -> StepClock:
+def run_trainer(task: Task, plan: Plan, world: int, *, telemetry: bool = True) -> StepClock:
     clock = StepClock(task.loss_fn)
     with tempfile.TemporaryDirectory(prefix="bench-loops-") as out_dir:
         # bench_trainer's job (AdamW 1e-3, weight decay 0.01, 2 warm-up steps, seed 0,
         # evaluation and plots off), without clipping: nobody asks for a norm here
         data = job_for("mlp", plan, world, out_dir).to_dict()
         data["training"]["max_grad_norm"] = None
+        data["run"]["telemetry"] = telemetry
         job = JobConfig.from_dict(data)
         Trainer(job, task=replace(task, loss_fn=clock), quiet=True).fit()
     return clock
+
+
+def run_trainer_no_telemetry(task: Task, plan: Plan, world: int) -> StepClock:
+    return run_trainer(task, plan, world, telemetry=False)
 
 
 def run_accelerate(task: Task, plan: Plan, world: int) -> StepClock:
@@ -295,6 +302,7 @@ RUNNERS: dict[str, Callable[[Task, Plan, int], StepClock]] = {
     "helper": run_helper,
     "train_one_epoch": run_train_one_epoch,
     "trainer": run_trainer,
+    "trainer_no_telemetry": run_trainer_no_telemetry,
     "accelerate": run_accelerate,
     "fabric": run_fabric,
 }

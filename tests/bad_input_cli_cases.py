@@ -57,6 +57,7 @@ ckpt-dir-empty               | {checkpoint.dir: ""}                       | chec
 eval-batches-zero            | {run.eval_batches: 0}                      | run.eval_batches; >= 1
 peak-tflops-negative         | {run.peak_tflops: -1}                      | run.peak_tflops; > 0
 plot-not-bool                | {run.plot: "no"}                           | run.plot; true or false
+telemetry-not-bool           | {run.telemetry: "yes"}                     | run.telemetry; true or false
 task-options-list            | {task_options: [1, 2]}                     | task_options; mapping
 training-list                | {training: [1, 2]}                         | training; mapping
 task-int                     | {task: 5}                                  | task; name or a mapping
@@ -309,6 +310,11 @@ monitor/interval-nan                 | monitor --interval nan                   
 monitor/count-negative               | monitor --count -1                           | --count
 monitor/count-word                   | monitor --count x                            | --count
 monitor/replay-apps-without-replay   | monitor --replay-apps {{csv}}                | --replay-apps; --replay
+watch/missing-run-dir                | watch {{root}}/nope                          | nope; does not exist
+watch/no-telemetry                   | watch {{root}} --once                        | no telemetry
+watch/interval-zero                  | watch {{root}} --interval 0                  | --interval
+watch/steps-zero                     | watch {{root}} --steps 0                     | --steps
+watch/missing-run-dir-arg            | watch                                        | RUN_DIR
 ckpt/no-action                       | ckpt                                         | ACTION
 ckpt-inspect/missing-dir             | ckpt inspect                                 | DIR
 ckpt-verify/missing-dir              | ckpt verify                                  | DIR

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "meta_device",
             "data",
             "step",
+            "telemetry",
         ),
     ),
     (

@@ -29,7 +29,9 @@ def _load() -> ModuleType:
     return module
 
 
-@pytest.mark.parametrize("kind", ["plain", "helper", "train_one_epoch", "trainer"])
+@pytest.mark.parametrize(
+    "kind", ["plain", "helper", "train_one_epoch", "trainer", "trainer_no_telemetry"]
+)
 def test_every_loop_trains_the_planned_steps_in_one_process(kind: str) -> None:
     bench = _load()
     plan = bench.Plan(steps=6, warmup=2, global_batch=8, log_every=3)

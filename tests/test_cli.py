@@ -120,6 +120,7 @@ def test_subcommand_surface() -> None:
         "find-batch",
         "monitor",
         "report",
+        "watch",
         "lint",
         "verify",
         "doctor",

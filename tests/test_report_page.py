@@ -16,11 +16,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu_training.cli import main
-from gpu_training.job import JobConfig
 from gpu_training.report_page import render_report
-from gpu_training.trainer import Trainer
+from train_jobs import train
 
 CHROMIUM = shutil.which("chromium")
 _BROWSER = pytest.mark.skipif(
@@ -40,50 +40,48 @@ _FLAGS = [
 ]
 
 
-def _job(out: Path, steps: int) -> JobConfig:
-    return JobConfig.from_dict(
-        {
-            "task": "charlm",
-            "task_options": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
-            "training": {
-                "global_batch_size": 8,
-                "per_device_batch_size": 8,
-                "max_steps": steps,
-                "learning_rate": 3e-3,
-                "warmup_steps": 2,
-                "precision": "fp32",
-            },
-            "strategy": {"name": "none"},
-            "checkpoint": {"every": 4, "keep_last_n": 5},
-            "run": {
-                "output_dir": str(out),
-                "log_every": 2,
-                "eval_every": 4,
-                "eval_batches": 1,
-                "progress": False,
-                "plot": False,
-                "tensorboard": False,
-            },
-        }
-    )
+STEPS = 12
+DELAY_MS = 150.0
+
+
+def _job_file(tmp: Path, out: Path) -> Path:
+    """2 DDP ranks, rank 1 slow in its data (tests/slow_rank_task.py), checkpoints every 4."""
+    job = {
+        "task": "slow_rank_task:make_task",
+        "task_options": {"slow_rank": 1, "where": "data", "delay_ms": DELAY_MS},
+        "training": {
+            "global_batch_size": 4,
+            "per_device_batch_size": 2,
+            "learning_rate": 3e-3,
+            "max_steps": STEPS,
+            "precision": "fp32",
+        },
+        "strategy": {"name": "ddp"},
+        "checkpoint": {"every": 4, "keep_last_n": 5},
+        "run": {
+            "output_dir": str(out),
+            "log_every": 2,
+            "eval_every": 4,
+            "eval_batches": 1,
+            "progress": False,
+            "plot": False,
+            "tensorboard": False,
+        },
+    }
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real run of 12 steps that lost its last checkpoint and resumed from step 8; plus
-    two ranks' step records."""
-    out = tmp_path_factory.mktemp("report") / "run"
-    Trainer(_job(out, 12), quiet=True).fit()
-    shutil.rmtree(out / "checkpoints" / "step-00000012")
-    Trainer(_job(out, 12), quiet=True).fit()  # resumes from step 8
-    telemetry = out / "telemetry"
-    telemetry.mkdir()
-    for rank, data_ms in ((0, 1.0), (1, 140.0)):  # rank 1 waits on its data
-        rows = [
-            {"step": s, "data_ms": data_ms, "compute_ms": 20.0, "optimizer_ms": 2.0}
-            for s in range(1, 13)
-        ]
-        (telemetry / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """A real 2-rank run of 12 steps that lost its last checkpoint and resumed from step 8."""
+    tmp = tmp_path_factory.mktemp("report")
+    out = tmp / "run"
+    job = _job_file(tmp, out)
+    train(job, 2, timeout=240)
+    shutil.rmtree(out / "checkpoints" / f"step-{STEPS:08d}")
+    train(job, 2, timeout=240)  # resumes from step 8
     return out
 
 
@@ -122,11 +120,17 @@ def test_chromium_renders_the_curves_tables_and_ranks(run_dir: Path, tmp_path: P
     }
     assert points == {"train": 6, "validation": 3, "tokens/s": 6}, points
     assert 'id="loss-svg"' in dom and 'id="rate-svg"' in dom
-    bars = re.findall(r'data-rank="(\d)" data-part="(\w+)" data-ms="([\d.]+)"', dom)
-    assert {(r, p) for r, p, _ in bars} == {
-        (r, p) for r in "01" for p in ("data_ms", "compute_ms", "optimizer_ms")
+    bars = {
+        (r, p): float(ms)
+        for r, p, ms in re.findall(r'data-rank="(\d)" data-part="(\w+)" data-ms="([\d.]+)"', dom)
     }
-    assert dict(((r, p), float(ms)) for r, p, ms in bars)[("1", "data_ms")] == 140.0
+    parts = ("data_ms", "compute_ms", "comm_ms", "optimizer_ms", "checkpoint_ms")
+    assert set(bars) == {(r, p) for r in "01" for p in parts}
+    assert bars[("1", "data_ms")] > bars[("0", "data_ms")] + 0.5 * DELAY_MS  # the slow rank
+    assert bars[("0", "comm_ms")] > bars[("1", "comm_ms")]  # the fast one waits for it
+    verdict = re.search(r'<p id="straggler">(.*?)</p>', dom)
+    assert verdict and verdict[1].startswith("rank 1 arrives "), verdict
+    assert verdict[1].endswith("its data loading")
     checkpoints = re.search(r'<table id="checkpoints">(.*?)</table>', dom, re.S)
     assert checkpoints and checkpoints[1].count("<tr>") == 4  # the header and steps 4, 8, 12
     events = re.search(r'<table id="events">(.*?)</table>', dom, re.S)

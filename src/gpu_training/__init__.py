@@ -96,6 +96,10 @@ _EXPORTS: dict[str, str] = {
     "detect_anomalies": "monitor",
     "query_gpus": "monitor",
     "query_nvidia_smi": "monitor",
+    # per-rank step telemetry (torch imported when used)
+    "RankTelemetry": "telemetry",
+    "read_rank_logs": "telemetry",
+    "straggler": "telemetry",
     # diagnostics (lint and doctor import no torch until run)
     "lint_paths": "diagnostics",
     "lint_source": "diagnostics",
@@ -187,4 +191,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from gpu_training.rng import capture_rng_state, restore_rng_state, seed_everything
     from gpu_training.schedule import linear_warmup_cosine_lr
+    from gpu_training.telemetry import RankTelemetry, read_rank_logs, straggler
     from gpu_training.trainer import Trainer

@@ -63,6 +63,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "find_batch",
     "monitor",
     "report",
+    "watch",
     "diagnostics",
 )
 """The modules under ``gpu_training.commands``, in ``--help`` order; each defines

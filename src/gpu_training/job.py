@@ -281,19 +281,17 @@ class RunSpec:
     (:class:`TrackerSpec`). A tracker that fails warns once and training goes on."""
 
     tensorboard: bool = True
-    """``false`` leaves ``tensorboard`` out of ``run.trackers`` (the older spelling); after
-    checking, true exactly when ``run.trackers`` lists it."""
+    """``false`` drops ``tensorboard`` from ``run.trackers`` (older spelling); true iff listed."""
 
     plot: bool = True
     """Draw ``loss.png`` at the end when the ``plot`` extra is installed."""
 
     compile: bool = False
-    """``torch.compile`` the model (in place, so checkpoint keys do not change): faster steps
-    on GPUs after a slow first one (tens of seconds). Not with ``deepspeed``."""
+    """``torch.compile`` the model in place (same checkpoint keys): faster steps on GPUs after a
+    slow first one (tens of seconds). Not with ``deepspeed``."""
 
     tf32: bool | None = None
-    """TF32 matmuls and convolutions on CUDA: ``None`` turns them on with bf16/fp16 mixed
-    precision (the fp32 leftovers run faster) and leaves fp32 runs exact."""
+    """TF32 matmuls and convolutions on CUDA; ``None``: on with bf16/fp16, off for exact fp32."""
 
     peak_tflops: float | None = None
     """The accelerator's dense peak, for MFU in the log (default: from the GPU's name)."""
@@ -301,15 +299,17 @@ class RunSpec:
     stall_timeout: float | None = None
     """Seconds without an optimizer step (or an evaluation or save finishing) after which the
     watchdog ends the run: every rank's stack dumped, the stalled rank named, exit code 124.
-    ``None``: the ``GPU_TRAINING_STALL_TIMEOUT`` environment variable, else no watchdog.
-    ``train --stall-timeout S`` sets it."""
+    ``None``: ``GPU_TRAINING_STALL_TIMEOUT``, else none (``train --stall-timeout S`` sets it)."""
+
+    telemetry: bool = True
+    """Each rank appends its step times to ``telemetry/rank<N>.jsonl`` (``gpu-training watch``)."""
 
     def __post_init__(self) -> None:
         _check_str("run.output_dir", self.output_dir)
         check_int("run.log_every", self.log_every, 1)
         check_int("run.eval_every", self.eval_every, 1)
         check_optional_int("run.eval_batches", self.eval_batches, 1)
-        for name in ("progress", "tensorboard", "plot", "compile"):
+        for name in ("progress", "tensorboard", "plot", "compile", "telemetry"):
             _check_bool(f"run.{name}", getattr(self, name))
         self.trackers = _check_trackers(self.trackers, tensorboard=self.tensorboard)
         self.tensorboard = any(t.name == "tensorboard" for t in self.trackers)

@@ -78,23 +78,29 @@ def _checkpoints(run: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _telemetry(run: Path) -> dict[str, list[dict[str, Any]]]:
-    """Per-rank step records: ``telemetry/rank*.jsonl`` rows with a ``step`` and ``*_ms``
-    parts (the names the run recorded), the last 200 steps of each rank."""
-    ranks: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted((run / "telemetry").glob("rank*.jsonl")):
-        rows = [r for r in _jsonl(path) if isinstance(r.get("step"), int)]
-        parts = [
-            {"step": r["step"], **{k: float(v) for k, v in r.items() if _is_part(k, v)}}
-            for r in rows[-200:]
+_PARTS = ("data_ms", "compute_ms", "comm_ms", "optimizer_ms", "checkpoint_ms")
+"""The parts of a step the timeline stacks (``gpu_training.telemetry.StepRecord``'s)."""
+
+
+def _telemetry(run: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Each rank's last 200 step records (the parts and the arrival), and the straggler
+    verdict over the last steps, from ``telemetry/rank*.jsonl``."""
+    from gpu_training.telemetry import read_rank_logs, straggler
+
+    logs = read_rank_logs(run)
+    ranks = {
+        str(rank): [
+            {"step": r.step, "arrival_ms": r.arrival_ms, **{p: getattr(r, p) for p in _PARTS}}
+            for r in log.steps[-200:]
         ]
-        if parts:
-            ranks[path.stem.removeprefix("rank")] = parts
-    return ranks
-
-
-def _is_part(key: str, value: Any) -> bool:
-    return key.endswith("_ms") and isinstance(value, (int, float)) and not isinstance(value, bool)
+        for rank, log in sorted(logs.items())
+        if log.steps
+    }
+    verdict: dict[str, Any] = {}
+    if len(ranks) > 1:
+        found = straggler({rank: log.steps for rank, log in logs.items() if log.steps})
+        verdict = {"message": found.message, "rank": found.rank, "lags_ms": found.lags_ms}
+    return ranks, verdict
 
 
 def _stalls(run: Path) -> list[dict[str, str]]:
@@ -124,6 +130,7 @@ def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     rate_key = "tokens_per_s" if any("tokens_per_s" in r for r in rows) else "samples_per_s"
     rate_steps, rate = _series(rows, "train", rate_key)
     mfu_steps, mfu = _series(rows, "train", "mfu")
+    telemetry, verdict = _telemetry(run)
     return {
         "run": str(run.resolve()),
         "steps": max(train_steps, default=0),
@@ -133,13 +140,15 @@ def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "mfu": {"step": mfu_steps, "value": mfu},
         "checkpoints": _checkpoints(run),
         "events": _jsonl(run / "events.jsonl"),
-        "telemetry": _telemetry(run),
+        "telemetry": telemetry,
+        "straggler": verdict,
         "stalls": _stalls(run),
     }
 
 
 _SCRIPT = """
 const data = JSON.parse(document.getElementById("run-data").textContent);
+const PARTS = ["data_ms", "compute_ms", "comm_ms", "optimizer_ms", "checkpoint_ms"];
 const NS = "http://www.w3.org/2000/svg";
 function el(tag, attrs, parent) {
   const node = document.createElementNS(NS, tag);
@@ -178,8 +187,7 @@ function timeline(id) {
   const box = document.getElementById(id);
   const ranks = Object.keys(data.telemetry);
   if (!ranks.length) { box.textContent = "no per-rank telemetry in this run"; return; }
-  const parts = [...new Set(ranks.flatMap(r => data.telemetry[r].flatMap(s => Object.keys(s))))]
-    .filter(k => k !== "step" && !k.startsWith("step_") && k !== "total_ms");
+  const parts = PARTS;
   const means = ranks.map(r => {
     const rows = data.telemetry[r];
     return parts.map(p => rows.reduce((a, s) => a + (s[p] || 0), 0) / rows.length);
@@ -253,6 +261,7 @@ def render_report(run_dir: str | os.PathLike[str]) -> str:
 <h2>Loss</h2><div id="loss"></div>
 <h2>Throughput</h2><div id="rate"></div><div id="mfu"></div>
 <h2>Per-rank step time (mean of the recorded steps)</h2><div id="timeline"></div>
+<p id="straggler">{html.escape(data["straggler"].get("message", "one rank, or no per-rank telemetry"))}</p>
 <h2>Checkpoints</h2>
 {_table(data["checkpoints"], ["step", "created", "world_size", "mib", "directory"], "checkpoints")}
 <h2>Starts and resumes</h2>

@@ -77,6 +77,14 @@ def torch_part(path: str) -> str | None:
     return "autograd" if rest.startswith("autograd") else "other"
 
 
+_TIMING_HOOKS = f"{os.sep}gpu_training{os.sep}telemetry{os.sep}"
+"""The telemetry's timed collectives sit between torch's frames: a wait in them is torch's."""
+
+
+def _inside_torch(path: str) -> bool:
+    return torch_part(path) is not None or _TIMING_HOOKS in path
+
+
 def frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]:
     """Classify a stack: waiting in a collective, in backward, or busy in the program's code.
 
@@ -90,7 +98,7 @@ def frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]:
         frames.append(frame)  # innermost first
         frame = frame.f_back
     run = 0
-    while run < len(frames) and torch_part(frames[run].f_code.co_filename) is not None:
+    while run < len(frames) and _inside_torch(frames[run].f_code.co_filename):
         run += 1
     parts = [torch_part(f.f_code.co_filename) for f in frames[:run]]
     caller = frames[run] if run < len(frames) else (frames[-1] if frames else None)
@@ -108,7 +116,7 @@ def frame_state(frame: FrameType | None, skip_file: str = "") -> dict[str, Any]:
     outside = [
         f
         for f in frames
-        if torch_part(f.f_code.co_filename) is None and f.f_code.co_filename != skip_file
+        if not _inside_torch(f.f_code.co_filename) and f.f_code.co_filename != skip_file
     ]
     # the program's own line, not the stdlib's (a queue's select() under a DataLoader)
     mine = next((f for f in outside if not _in_stdlib(f.f_code.co_filename)), None)

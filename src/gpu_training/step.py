@@ -47,6 +47,7 @@ from gpu_training.amp import GradNorm, MixedPrecisionStepper, should_step
 from gpu_training.ddp import DistributedContext, gradient_sync, move_to_device, reduce_scalar_dict
 from gpu_training.rng import micro_batch_rng
 from gpu_training.tasks import count_scored
+from gpu_training.telemetry import OFF, TelemetryOff
 
 __all__ = [
     "LossOutput",
@@ -158,6 +159,7 @@ def train_step(
     step: int,
     count_fn: Callable[[Tensor], Tensor] = count_scored,
     check_counts: bool = False,
+    telemetry: TelemetryOff = OFF,
 ) -> tuple[GradNorm | None, list[Tensor]]:
     """Forward and backward of this rank's micro-batches of one global batch, then the step.
 
@@ -175,6 +177,8 @@ def train_step(
         count_fn: Scored targets of a micro-batch, for ``(sum, count)`` losses.
         check_counts: Check that the counts the loss returns are ``count_fn``'s (one host
             sync; the Trainer does it on its first step).
+        telemetry: Where the step's compute, count collective and optimizer step are marked
+            (a :class:`~gpu_training.telemetry.RankTelemetry`; by default nothing is).
 
     Returns:
         ``(grad_norm, losses)``: the strategy's :class:`~gpu_training.amp.GradNorm` (measured
@@ -191,6 +195,7 @@ def train_step(
     total_count: Tensor | None = None
     losses: list[Tensor] = []
     norm: GradNorm | None = None
+    telemetry.compute_started()
     for micro, batch in enumerate(batches):
         inputs, targets = batch if on_cpu else move_to_device(batch, device)
         with steps.sync(micro), micro_batch_rng(seed, step, first_index + micro, device):
@@ -198,7 +203,9 @@ def train_step(
                 output = loss_fn(model(inputs), targets)
             if isinstance(output, tuple):
                 if total_count is None:  # every rank reaches this at the same point
+                    span = telemetry.collective_started()
                     total_count = global_count(batches, count_fn, ctx)
+                    telemetry.collective_done(span)
                 if check_counts:
                     _check_count(output[1], count_fn(batch[1]))
                 loss = output[0] * global_scale(total_count, accumulation, ctx.world_size)
@@ -206,7 +213,10 @@ def train_step(
                 loss = output
             steps.backward(loss)
         losses.append(loss.detach())
+        if micro == accumulation - 1:
+            telemetry.optimizer_started()
         norm = steps.step_async(micro)
+    telemetry.step_done(step + 1)
     return norm, losses
 
 

@@ -72,6 +72,7 @@ from gpu_training.step import step_batches, train_step
 from gpu_training.strategy.job_check import check_job
 from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, build_task, count_scored, task_checkpoint_extra
+from gpu_training.telemetry import TelemetryOff, open_telemetry
 from gpu_training.throughput import ThroughputMeter, mfu_note
 from gpu_training.trackers import tracker_params
 from gpu_training.watchdog import StallWatchdog
@@ -137,6 +138,7 @@ class _Run:
     ckpt: CheckpointManager
     total: int
     """Optimizer steps of the whole run."""
+    telemetry: TelemetryOff  # this rank's step records (run.telemetry), or marks doing nothing
 
     @property
     def amp(self) -> MixedPrecisionStepper | None:
@@ -274,8 +276,7 @@ class Trainer:
             params=tracker_params(job.to_dict(), ctx.world_size, run.device),
             run_ids=self._tracker_runs or None,  # set by _resume
         )
-        # into every checkpoint, so a resumed job continues the same tracker runs
-        self._tracker_runs = writer.run_ids
+        self._tracker_runs = writer.run_ids  # in every checkpoint: a resume continues them
         self._announce(run, step, writer)
         self._emit("on_train_start")
         started = time.perf_counter()
@@ -285,6 +286,7 @@ class Trainer:
         finally:
             run.ckpt.wait()  # an async save in flight must commit before the run ends
             writer.close()
+            run.telemetry.close()
         summary = {
             "step": float(step),
             "first_loss": window.first_loss,
@@ -358,6 +360,7 @@ class Trainer:
             config={**job.to_dict(), "training": cfg.to_dict()},
             trust_checkpoint=self.trust_checkpoint,
         )
+        telemetry = open_telemetry(job, ctx, device, total, model=prepared.model)  # hooks it
         seed_everything(cfg.seed, rank=ctx.rank)  # per-rank streams (dropout)
         return _Run(
             cfg=cfg,
@@ -372,6 +375,7 @@ class Trainer:
             val=val,
             ckpt=ckpt,
             total=total,
+            telemetry=telemetry,
         )
 
     def _loop(self, run: _Run, writer: MetricsWriter, window: _Window, step: int) -> int:
@@ -386,14 +390,20 @@ class Trainer:
         )
         loss_fn = task.loss_sum or task.loss_fn
         count_fn = task.count_targets or count_scored
+        samples = cfg.per_device_batch_size * cfg.gradient_accumulation_steps  # a rank's, a step
+        timeout, on_stall = self.job.run.stall_timeout, run.telemetry.stalled  # its verdict too
+        out = self.job.run.output_dir
         with (
             PreemptionHandler(ctx=ctx) as preemption,
             progress_bar(run.total, step, enabled=self._shows_progress) as advance,
-            self._watchdog(ctx) as watchdog,
+            StallWatchdog(timeout, ctx=ctx, on_stall=on_stall, dump_dir=out)  # the field,
+            if timeout is not None  # else GPU_TRAINING_STALL_TIMEOUT, else none
+            else StallWatchdog.from_env(ctx, on_stall=on_stall, dump_dir=out) as watchdog,
         ):
             meter.start()
             while step < run.total and not self.state.preempted:
-                for batches in step_batches(run.loader, cfg.gradient_accumulation_steps):
+                loader = run.telemetry.batches(run.loader)  # each request timed as data wait
+                for batches in step_batches(loader, cfg.gradient_accumulation_steps):
                     norm, micro_losses = train_step(
                         batches,
                         run.prepared.model,
@@ -405,6 +415,7 @@ class Trainer:
                         step=step,
                         count_fn=count_fn,
                         check_counts=step == window.start_step,
+                        telemetry=run.telemetry,
                     )
                     if norm is None:  # pragma: no cover - every step_async steps at A
                         raise RuntimeError("the strategy did not step at the last micro-batch")
@@ -423,7 +434,7 @@ class Trainer:
                     # log step's is measured (read before the next forward).
                     if warning is None and (norm.computed or log_step):
                         window.norms.append(norm.tensor())
-                    meter.update(*self._step_size(run))
+                    meter.update(samples, samples * (task.tokens_per_sample or 0))
                     if self._cadence(run, writer, window, meter, watchdog, preemption, step):
                         break
                 else:
@@ -431,12 +442,6 @@ class Trainer:
             if step > window.last_saved:  # e.g. resumed at the end: nothing new to save
                 self._save(run, step)
         return step
-
-    @staticmethod
-    def _step_size(run: _Run) -> tuple[int, int]:
-        """Samples and tokens one rank processes per optimizer step."""
-        samples = run.cfg.per_device_batch_size * run.cfg.gradient_accumulation_steps
-        return samples, samples * (run.task.tokens_per_sample or 0)
 
     def _cadence(
         self,
@@ -461,8 +466,7 @@ class Trainer:
             writer.write("val", step, val)
             self.print(f"step {step}/{run.total} | val loss {val['loss']:.4f}")
             self._emit("on_eval", val)
-        # A collective: ask at log steps only, the same steps on every rank; a scheduler's
-        # warning leaves ample time.
+        # A collective: at log steps only, the same on every rank (a scheduler warns in time).
         stop = step % job.run.log_every == 0 and preemption.should_stop()
         if step % job.checkpoint.every == 0 or step == run.total or stop:
             path = self._save(run, step)
@@ -503,6 +507,7 @@ class Trainer:
         writer.write("train", step, metrics)
         self.print(log_line(step, run.total, metrics))
         self._emit("on_log", metrics)
+        run.telemetry.flush()  # this rank's records of the window, in its own file
         window.losses.clear()
         window.norms.clear()
 
@@ -570,14 +575,8 @@ class Trainer:
             generators=run.generators,
         )
         extra = {"trackers": self._tracker_runs, **self._task_extra(run.prepared.model)}
-        return run.prepared.save_checkpoint(run.ckpt, run_state, extra)
-
-    def _watchdog(self, ctx: DistributedContext) -> StallWatchdog:
-        """``run.stall_timeout``, else ``GPU_TRAINING_STALL_TIMEOUT``, else none."""
-        timeout, out = self.job.run.stall_timeout, self.job.run.output_dir
-        if timeout is None:
-            return StallWatchdog.from_env(ctx, dump_dir=out)
-        return StallWatchdog(timeout, ctx=ctx, dump_dir=out)
+        with run.telemetry.checkpoint():
+            return run.prepared.save_checkpoint(run.ckpt, run_state, extra)
 
     def _task_extra(self, model: nn.Module) -> dict[str, Any]:
         """What the task puts in every checkpoint (a Hugging Face model: what export needs)."""

@@ -36,7 +36,9 @@ def _poison(module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tens
         if not getattr(module, "_nan_told", False) and not _sharded(module):
             module._nan_told = True  # type: ignore[assignment]
             total = sum(p.detach().double().sum() for p in module.parameters())
-            print(f"WEIGHTS rank={os.environ.get('RANK', '0')} sum={float(total).hex()}")
+            print(
+                f"WEIGHTS rank={os.environ.get('RANK', '0')} sum={float(total).hex()}", flush=True
+            )
         return None
     count = getattr(module, "_nan_calls", 0) + 1
     module._nan_calls = count  # type: ignore[assignment]

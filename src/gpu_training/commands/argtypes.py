@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_set_argument", "add_trust_argument", "non_negative_int", "positive_int"]
+__all__ = [
+    "add_set_argument",
+    "add_trust_argument",
+    "non_negative_int",
+    "positive_int",
+    "refresh_seconds",
+]
 
 
 def non_negative_int(text: str) -> int:
@@ -34,6 +40,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def refresh_seconds(text: str) -> float:
+    """Seconds between refreshes of a live view: > 0 and at most a day (nan and inf refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 86_400:  # nan and inf fail too: a refresh that never comes is a hang
+        raise argparse.ArgumentTypeError(f"expected seconds > 0 and at most 86400, got {text!r}")
     return value
 
 

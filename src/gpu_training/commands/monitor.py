@@ -33,19 +33,9 @@ exit status:
 """
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 86_400:  # nan and inf fail too: a refresh that never comes is a hang
-        raise argparse.ArgumentTypeError(f"expected seconds > 0 and at most 86400, got {text!r}")
-    return value
-
-
 def register(subparsers: Any) -> None:
     """Add ``monitor`` to the ``gpu-training`` parser."""
-    from gpu_training.commands.argtypes import positive_int
+    from gpu_training.commands.argtypes import positive_int, refresh_seconds
 
     parser = subparsers.add_parser(
         "monitor",
@@ -62,7 +52,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--once", action="store_true", help="one snapshot, then exit")
     parser.add_argument("--json", action="store_true", help="JSON (one line per snapshot)")
     parser.add_argument(
-        "--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (2)"
+        "--interval",
+        type=refresh_seconds,
+        default=2.0,
+        metavar="S",
+        help="seconds between refreshes (2)",
     )
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N refreshes")
     parser.add_argument(
