@@ -8,12 +8,13 @@ EXTRAS ?= dev,monitor,plot,tensorboard,trackers,hf
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install slurm chromium test test-quick test-gpu lint format demo bench bench-env bench-gpu clean
+.PHONY: help install slurm chromium test test-quick test-matrix test-gpu lint format demo bench bench-env bench-gpu clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
 	@echo "make test      run the whole test suite"
 	@echo "make test-quick the suite without the tests marked slow (the inner loop; CI runs all)"
+	@echo "make test-matrix every strategy and world size resumed by every other (~40 min on 2 cores)"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
 	@echo "make bench     checkpoint, loops (vs Accelerate, Fabric), Trainer, memory, batch-finder, start-up, trackers"
@@ -66,6 +67,15 @@ test: $(VENV)/.installed slurm chromium
 
 test-quick: $(VENV)/.installed
 	$(call two_passes,not slow and ,10)
+
+# The full resume matrix of issue 31 (tests/test_resume_matrix.py, marked `matrix`, which
+# `make test` leaves out): none, DDP, FSDP2, ZeRO-1/2/3 at 1, 2 and 4 ranks (and ZeRO-2/3 with
+# CPU offload on 2), each resumed by every other; each cell's max |weight diff| goes to
+# $(MATRIX_REPORT) as JSON lines. One pass, no xdist: the 4-rank cells fill the machine.
+MATRIX_REPORT ?= runs/resume-matrix.jsonl
+test-matrix: $(VENV)/.installed
+	@mkdir -p $(dir $(MATRIX_REPORT)) && rm -f $(MATRIX_REPORT)
+	GT_RESUME_MATRIX=$(MATRIX_REPORT) $(PYTEST) -m matrix tests/test_resume_matrix.py --durations=15 $(PYTEST_ARGS)
 
 ifeq ($(GPU_PYTHON),)
 test-gpu: $(VENV)/.installed

@@ -76,6 +76,8 @@ class Plan:
     compile: bool
     shape: dict[str, Any]
     device: str = "cuda"
+    job_set: tuple[str, ...] = ()
+    """``section.field=value`` overrides of the Trainer's job (``--job-set``)."""
 
     @property
     def precision(self) -> str:
@@ -92,35 +94,44 @@ def _reset_peak(device: str) -> None:
 
 
 def _job(plan: Plan, out_dir: str) -> JobConfig:
-    return JobConfig.from_dict(
-        {
-            "task": "charlm",
-            "task_options": plan.shape,
-            "training": {
-                "global_batch_size": plan.batch,
-                "per_device_batch_size": plan.batch,
-                "max_steps": plan.steps,
-                "learning_rate": 6e-4,
-                "warmup_steps": 10,
-                "precision": plan.precision,
-                "max_grad_norm": 1.0,
-                "weight_decay": 0.1,
-                "seed": 0,
-            },
-            "strategy": {"name": "none"},
-            "checkpoint": {"every": plan.steps + 1, "resume": False, "keep_last_n": 1},
-            "run": {
-                "output_dir": out_dir,
-                "log_every": plan.log_every,
-                "eval_every": plan.steps + 1,
-                "eval_batches": 1,
-                "progress": False,
-                "plot": False,
-                "tensorboard": False,
-                "compile": plan.compile,
-            },
-        }
-    )
+    import yaml
+
+    data = _job_dict(plan, out_dir)
+    for item in plan.job_set:
+        dotted, _, value = item.partition("=")
+        section, _, field = dotted.partition(".")
+        data.setdefault(section, {})[field] = yaml.safe_load(value)
+    return JobConfig.from_dict(data)
+
+
+def _job_dict(plan: Plan, out_dir: str) -> dict[str, Any]:
+    return {
+        "task": "charlm",
+        "task_options": plan.shape,
+        "training": {
+            "global_batch_size": plan.batch,
+            "per_device_batch_size": plan.batch,
+            "max_steps": plan.steps,
+            "learning_rate": 6e-4,
+            "warmup_steps": 10,
+            "precision": plan.precision,
+            "max_grad_norm": 1.0,
+            "weight_decay": 0.1,
+            "seed": 0,
+        },
+        "strategy": {"name": "none"},
+        "checkpoint": {"every": plan.steps + 1, "resume": False, "keep_last_n": 1},
+        "run": {
+            "output_dir": out_dir,
+            "log_every": plan.log_every,
+            "eval_every": plan.steps + 1,
+            "eval_batches": 1,
+            "progress": False,
+            "plot": False,
+            "tensorboard": False,
+            "compile": plan.compile,
+        },
+    }
 
 
 def run_trainer(task: Task, plan: Plan) -> dict[str, float]:
@@ -225,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke", action="store_true", help="tiny model on the CPU: checks the script only"
     )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/gpu.json")
+    parser.add_argument(
+        "--job-set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a field of the Trainer's job (e.g. run.telemetry=false); repeatable",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.smoke:
         print("bench_gpu: no CUDA device on this machine: nothing to measure")
@@ -240,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         compile=not args.no_compile and not args.smoke,
         shape=SMOKE_SHAPE if args.smoke else GPT2_SHAPE,
         device="cpu" if args.smoke else "cuda",
+        job_set=tuple(args.job_set),
     )
     task = resolve_task("charlm", plan.shape)
     assert task.flops_per_token is not None

@@ -2,14 +2,16 @@
 
 Issue 31: no rank may hold the whole optimizer state unless the target layout does. This
 writes a checkpoint of a ~25M-parameter character transformer (AdamW: weights, two moments)
-with DDP and with FSDP2 on 2 ranks, then resumes each under both strategies on 2 ranks at its
-last step (nothing left to train: the load is all that runs) and reports, per rank, the
-peak of private memory (``RssAnon``, sampled every 2 ms) and ``VmHWM`` (which also counts
-file pages mapped in: a plain ``state.pt`` read through ``mmap``).
+with DDP, FSDP2, DeepSpeed ZeRO-2 and ZeRO-3 on 2 ranks, then resumes each under other
+strategies on 2 ranks at its last step (nothing left to train: the load is all that runs)
+and reports, per rank, the peak of private memory (``RssAnon``, sampled every 2 ms) and
+``VmHWM`` (which also counts file pages mapped in: a plain ``state.pt`` or DeepSpeed's files
+read through ``mmap``).
 
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/bench_resume_memory.py [--width 512] [--layers 8]
+    OMP_NUM_THREADS=1 python benchmarks/bench_resume_memory.py --pairs zero2:fsdp,ddp:zero3
 
 The ranks come from the test suite's harness (``tests/dist_harness.py``), which forks them
 from one interpreter that imported torch and the package.
@@ -30,7 +32,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-PAIRS = (("fsdp", "fsdp"), ("ddp", "fsdp"), ("ddp", "ddp"), ("fsdp", "ddp"))
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("fsdp", "fsdp"),
+    ("ddp", "fsdp"),
+    ("ddp", "ddp"),
+    ("fsdp", "ddp"),
+    ("zero2", "zero2"),  # DeepSpeed's own load: the baseline of the ZeRO rows
+    ("zero3", "zero3"),
+    ("zero2", "zero3"),
+    ("zero2", "fsdp"),
+    ("ddp", "zero3"),
+    ("fsdp", "zero3"),
+    ("zero3", "fsdp"),
+    ("zero2", "ddp"),
+)
+"""(written by, resumed by): ``zero2`` and ``zero3`` are DeepSpeed's stages."""
+
+
+def _strategy(name: str) -> dict[str, Any]:
+    if name.startswith("zero"):
+        return {"name": "deepspeed", "zero_stage": int(name[4:])}
+    return {"name": name}
 
 
 def _status() -> dict[str, int]:
@@ -85,7 +107,7 @@ def _job(out: Path, strategy: str, width: int, layers: int) -> Path:
             "precision": "fp32",
             "seed": 0,
         },
-        "strategy": {"name": strategy},
+        "strategy": _strategy(strategy),
         "checkpoint": {"every": 2, "keep_last_n": 2},
         "run": {
             "output_dir": str(out),
@@ -106,7 +128,13 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument(
+        "--pairs", help="FROM:TO,... of the pairs to run (default: all of PAIRS)", default=None
+    )
     args = parser.parse_args()
+    pairs: list[tuple[str, str]] = list(PAIRS)
+    if args.pairs:
+        pairs = [(pair.split(":")[0], pair.split(":")[1]) for pair in args.pairs.split(",")]
 
     from bench_resume_memory import resume_rank  # the harness runs a module's function
 
@@ -116,14 +144,14 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-resume-memory-") as tmp:
         written = {}
-        for strategy in ("ddp", "fsdp"):
+        for strategy in sorted({source for source, _ in pairs}):
             out = Path(tmp) / strategy
             train(_job(out, strategy, args.width, args.layers), 2, timeout=900)
             step = out / "checkpoints" / "step-00000002"
             size = sum(f.stat().st_size for f in step.iterdir()) / 2**20
             print(f"checkpoint written by {strategy} on 2 ranks: {size:.0f} MiB", flush=True)
             written[strategy] = out
-        for source, target in PAIRS:
+        for source, target in pairs:
             out = Path(tmp) / f"{source}-to-{target}"
             shutil.copytree(written[source], out)
             job = _job(out, target, args.width, args.layers)

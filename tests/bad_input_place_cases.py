@@ -307,9 +307,14 @@ case(
     "--allow-config-change",
     row="resume-other-shape",
 )
-# plain and sharded checkpoints resume each other (tests/test_resume_anywhere.py): not DeepSpeed
-case("train/plain/deepspeed", then(_checkpoint("plain"), train("deepspeed")), "plain", "deepspeed")
-for _fmt, _other in (("plain", "dcp"), ("dcp", "plain")):
+# every format resumes every other (tests/test_resume_anywhere.py): a model of another shape
+# is named before launch where the saved format says its shapes (plain, DCP), else by the ranks
+for _fmt, _other in (
+    ("plain", "dcp"),
+    ("dcp", "plain"),
+    ("plain", "deepspeed"),
+    ("deepspeed", "plain"),
+):
     case(
         f"train/{_fmt}/other-model-shape-under-{_other}",
         then(

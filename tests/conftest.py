@@ -1,7 +1,7 @@
 """Shared test fixtures: hardware markers, hermetic environment, process-group leak check.
 
-The markers ``requires_cuda``, ``requires_gpus(n)`` and ``multirank`` are declared in
-pyproject.toml; this file only acts on them.
+The markers ``requires_cuda``, ``requires_gpus(n)``, ``multirank`` and ``matrix`` are
+declared in pyproject.toml; this file only acts on them.
 """
 
 from __future__ import annotations
@@ -43,8 +43,24 @@ def _slow_modules_first(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path not in slow)  # a stable sort
 
 
+def _matrix_only_when_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselects the ``matrix`` tests unless the ``-m`` expression names them, in place.
+
+    The full resume matrix takes longer than the rest of the suite: ``make test`` leaves it
+    out whatever its other markers say, ``make test-matrix`` (``-m matrix``) runs it.
+    """
+    if "matrix" in (config.getoption("markexpr", "") or ""):
+        return
+    dropped = [item for item in items if item.get_closest_marker("matrix")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker("matrix")]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Runs the slow files first; skips GPU tests on machines without enough CUDA devices."""
+    """Runs the slow files first; skips GPU tests on machines without enough CUDA devices;
+    leaves the resume matrix out unless asked for."""
+    _matrix_only_when_asked(config, items)
     _slow_modules_first(items)
     needs = [(item, _required_gpus(item)) for item in items]
     if not any(needed for _, needed in needs):

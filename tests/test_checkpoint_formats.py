@@ -87,10 +87,8 @@ def test_a_manifest_naming_an_unknown_format_is_read_as_plain_but_resumed_by_non
     assert not any(fmt.can_load(found) for fmt in FORMATS)
 
 
-def test_plain_and_sharded_load_each_other_and_deepspeed_only_its_own() -> None:
-    assert [other for other in FORMATS if PLAIN.can_load(other)] == [PLAIN, SHARDED]
-    assert [other for other in FORMATS if SHARDED.can_load(other)] == [PLAIN, SHARDED]
-    assert [other for other in FORMATS if DEEPSPEED.can_load(other)] == [DEEPSPEED]
+def test_every_format_loads_every_other() -> None:
+    assert all(fmt.can_load(other) for fmt in FORMATS for other in FORMATS)
     assert [f.shards for f in FORMATS] == [False, True, True]
 
 
@@ -166,6 +164,38 @@ def test_a_format_round_trips_a_run_through_its_interface(
     assert fmt.read_extra(path)["note"] == "kept"
 
 
+@pytest.mark.parametrize("fmt", [PLAIN, SHARDED], ids=["plain", "dcp"])
+def test_a_format_read_per_parameter_fills_another_model_exactly(
+    fmt: CheckpointFormat, tmp_path: Path
+) -> None:
+    """``param_source`` and the torch sink: what resharding into another layout reads."""
+    from gpu_training.checkpoint.full_state import load_into_module, module_order
+
+    ctx = DistributedContext()
+    ckpt = CheckpointManager(tmp_path / "ck", ctx=ctx)
+    saved = _trained(0)
+    path = fmt.save(ckpt, saved, capture_run_state(ctx, step=3), {"note": "kept"})
+    assert path is not None
+    manifest = json.loads((path / "manifest.json").read_text())
+    loaded = _trained(1)
+    source = fmt.param_source(path, manifest, order=module_order(loaded.model, loaded.optimizer))
+    assert source.names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    first = source.read(["0.weight"])["0.weight"]
+    assert torch.equal(first.weight, saved.model[0].weight)
+    assert sorted(first.state) == ["exp_avg", "exp_avg_sq", "step"]
+    assert source.run_state()[1]["note"] == "kept"
+
+    load_into_module(loaded.model, loaded.optimizer, source)
+    assert _same(loaded.model.state_dict(), saved.model.state_dict())
+    before, after = saved.optimizer.state_dict()["state"], loaded.optimizer.state_dict()["state"]
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[i][k], after[i][k]) for i in before for k in before[i])
+
+    wider = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+    with pytest.raises(CheckpointError, match=r"another shape: '0.weight' is \[8, 4\] there"):
+        load_into_module(wider, torch.optim.AdamW(wider.parameters()), source)
+
+
 def test_the_wrong_format_for_a_checkpoint_is_named_with_its_loader(tmp_path: Path) -> None:
     ctx = DistributedContext()
     ckpt = CheckpointManager(tmp_path, ctx=ctx)
@@ -178,13 +208,16 @@ def test_the_wrong_format_for_a_checkpoint_is_named_with_its_loader(tmp_path: Pa
         "CheckpointManager.load(), not CheckpointManager.load_sharded()"
     )
     manifest = json.loads((path / "manifest.json").read_text())
-    (path / "manifest.json").write_text(json.dumps({**manifest, "state_format": "deepspeed"}))
+    (path / "manifest.json").write_text(json.dumps({**manifest, "state_format": "pickle"}))
     with pytest.raises(CheckpointError) as info:  # a format it cannot load: refused by name
         SHARDED.load(ckpt, _trained(1), path)
     assert str(info.value).endswith(
-        f"{path} is a DeepSpeed checkpoint, not sharded (FSDP/DCP): load it with "
-        "CheckpointManager.load_deepspeed(), not CheckpointManager.load_sharded()"
+        f"{path} is a pickle checkpoint, not sharded (FSDP/DCP): load it with "
+        "CheckpointManager.load(), not CheckpointManager.load_sharded()"
     )
+    (path / "manifest.json").write_text(json.dumps({**manifest, "state_format": "deepspeed"}))
+    with pytest.raises(CheckpointError, match=r"step-00000001 holds no DeepSpeed optimizer files$"):
+        SHARDED.load(ckpt, _trained(1), path)  # read per parameter: its files must be there
 
 
 def _moments(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:

@@ -151,17 +151,19 @@ def test_settings_that_do_not_change_the_math_only_warn(finished_run: Path) -> N
 
 def test_a_format_the_strategy_cannot_load_is_refused(finished_run: Path) -> None:
     step_dir = finished_run / "checkpoints" / "step-00000004"
-    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest = {**json.loads((step_dir / "manifest.json").read_text()), "state_format": "pickle"}
     job = _job(finished_run, sections={"strategy": {"name": "deepspeed"}})
-    with pytest.raises(ResumeError, match="plain checkpoint and strategy 'deepspeed' resumes Deep"):
+    with pytest.raises(
+        ResumeError, match="pickle checkpoint and strategy 'deepspeed' resumes Deep"
+    ):
         check_resumable(job, step_dir, manifest)
 
 
 def test_the_strategys_layout_is_not_the_math(finished_run: Path) -> None:
-    """none, DDP and FSDP2 compute the same steps: another strategy, sharding or activation
-    checkpointing resumes without --allow-config-change and without a warning; the layout
-    change is said once, by the resume line. A DeepSpeed file can name its own optimizer, and
-    DeepSpeed loads only the stage it wrote: those are still compared."""
+    """none, DDP, FSDP2 and ZeRO-1/2/3 compute the same steps: another strategy, sharding,
+    activation checkpointing, ZeRO stage or offload resumes without --allow-config-change and
+    without a warning; the layout change is said once, by the resume line. What a DeepSpeed
+    file says beyond the layout (its own optimizer, say) is still compared, by its content."""
     step_dir = finished_run / "checkpoints" / "step-00000004"
     manifest = json.loads((step_dir / "manifest.json").read_text())
     layout = {"name": "fsdp", "activation_checkpointing": True, "reshard_after_forward": False}
@@ -174,12 +176,42 @@ def test_the_strategys_layout_is_not_the_math(finished_run: Path) -> None:
     assert layout_change(_job(finished_run), manifest, 1) is None
     ddp = _job(finished_run, sections={"strategy": {"name": "ddp"}})
     assert layout_change(ddp, manifest, 2) == "written by a plain model on 1 rank under DDP on 2"
-    own_optimizer = _job(finished_run, sections={"strategy": {"deepspeed_config": "ds.json"}})
-    with pytest.raises(ResumeError, match=r'strategy.deepspeed_config: null -> "ds.json"'):
+    zero = {"name": "deepspeed", "zero_stage": 3, "offload": "optimizer"}
+    assert (
+        check_resumable(_job(finished_run, sections={"strategy": zero}), step_dir, manifest) == []
+    )
+    zero2 = {"name": "deepspeed", "zero_stage": 2}
+    written = {**manifest, "world_size": 2, "config": {"strategy": zero2}}
+    assert layout_change(_job(finished_run, sections={"strategy": zero}), written, 2) == (
+        "written by ZeRO-2 on 2 ranks under ZeRO-3 with CPU offload on 2: optimizer state resharded"
+    )
+    offloaded = _job(finished_run, sections={"strategy": {**zero2, "offload": "optimizer"}})
+    assert layout_change(offloaded, written, 2) == (  # the offload alone: another layout too
+        "written by ZeRO-2 on 2 ranks under ZeRO-2 with CPU offload on 2: optimizer state resharded"
+    )
+    assert layout_change(_job(finished_run, sections={"strategy": zero2}), written, 2) is None
+    layout_only = finished_run.parent / "zero.json"
+    layout_only.write_text(
+        json.dumps({"zero_optimization": {"stage": 1}, "fp16": {"enabled": "auto"}})
+    )
+    zero_file = {**zero, "deepspeed_config": str(layout_only)}
+    assert (
+        check_resumable(_job(finished_run, sections={"strategy": zero_file}), step_dir, manifest)
+        == []
+    )
+    own = finished_run.parent / "own_optimizer.json"
+    own.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"betas": [0.8, 0.9]}}}))
+    own_optimizer = _job(
+        finished_run, sections={"strategy": {**zero, "deepspeed_config": str(own)}}
+    )
+    with pytest.raises(
+        ResumeError, match=r'strategy.deepspeed.optimizer.type: \(unset\) -> "AdamW"'
+    ):
         check_resumable(own_optimizer, step_dir, manifest)
-    stage = _job(finished_run, sections={"strategy": {"zero_stage": 3}})  # DeepSpeed's files
-    with pytest.raises(ResumeError, match=r"strategy.zero_stage: null -> 3"):
-        check_resumable(stage, step_dir, manifest)
+    ignored = _job(
+        finished_run, sections={"strategy": {"name": "fsdp", "deepspeed_config": str(own)}}
+    )
+    assert check_resumable(ignored, step_dir, manifest) == []  # FSDP reads no DeepSpeed file
 
 
 LEGACY = REPO_ROOT / "tests" / "fixtures" / "legacy_checkpoints"
@@ -187,8 +219,9 @@ LEGACY = REPO_ROOT / "tests" / "fixtures" / "legacy_checkpoints"
 
 @pytest.mark.parametrize("strategy", ["none", "fsdp", "deepspeed"])
 def test_a_manifest_recording_only_a_hash_still_resumes(strategy: str) -> None:
-    """Manifests hashed the strategy's layout with the math until it left the math settings:
-    a manifest that records only a hash is compared with both definitions."""
+    """Manifests hashed the strategy's layout with the math until it left the math settings,
+    then DeepSpeed's stage, offload and config path until they did too: a manifest that
+    records only a hash is compared with every definition."""
     source = LEGACY / strategy
     job = JobConfig.from_dict(yaml.safe_load((source / "job.yaml").read_text()))
     step_dir = source / "step-00000002"
@@ -196,6 +229,9 @@ def test_a_manifest_recording_only_a_hash_still_resumes(strategy: str) -> None:
     assert manifest["config_hash"] == job.config_hashes()[1] != job.config_hash()
     hash_only = {k: v for k, v in manifest.items() if k != "config"}
     assert check_resumable(job, step_dir, hash_only) == []
+    # while DeepSpeed's stage, offload and config path counted, before issue 31's slice 2b
+    between = {**hash_only, "config_hash": job.config_hashes()[2]}
+    assert check_resumable(job, step_dir, between) == []
     other = JobConfig.from_dict({**job.to_dict(), "task_options": {"n_embd": 64}})
     with pytest.raises(ResumeError, match="fields unknown: the manifest records only a hash"):
         check_resumable(other, step_dir, hash_only)

@@ -169,9 +169,10 @@ def test_the_view_prices_the_run_and_shows_a_recorded_stall(tmp_path: Path) -> N
 
     now = time.time()
     start = {"world_size": 2, "total_steps": 110, "device_name": "NVIDIA H100 80GB HBM3"}
+    (tmp_path / "telemetry").mkdir()
     for rank in (0, 1):
-        tel = RankTelemetry(tmp_path, rank=rank, start=start)
-        tel.close()
+        head = {"kind": "start", "rank": rank, **start, "started": now - 3600}  # an hour ago
+        (tmp_path / "telemetry" / f"rank{rank}.jsonl").write_text(json.dumps(head) + "\n")
         late = rank == 1
         lines = [
             StepRecord(
@@ -186,12 +187,6 @@ def test_the_view_prices_the_run_and_shows_a_recorded_stall(tmp_path: Path) -> N
         ]
         with open(tmp_path / "telemetry" / f"rank{rank}.jsonl", "a") as f:
             f.write("".join(json.dumps(line) + "\n" for line in lines))
-    # started an hour before now; the stall (recorded below) after that
-    for path in (tmp_path / "telemetry").iterdir():
-        text = path.read_text().replace('"started": ', '"started_real": ', 1)
-        head, rest = text.split("\n", 1)
-        head = head[:-1] + f', "started": {now - 3600}}}'
-        path.write_text(head + "\n" + rest)
     tel = RankTelemetry(tmp_path / "other", rank=1)
     report = StallReport(rank=1, stalled_for=5.0, last_step=10, culprits=[1], message="stuck")
     tel.stalled(report)
@@ -207,6 +202,20 @@ def test_the_view_prices_the_run_and_shows_a_recorded_stall(tmp_path: Path) -> N
     assert view.verdict == "rank 1 arrives 50 ms late: its compute"
     assert view.stall == "stuck"
     assert view.checkpoint is None
+
+
+def test_a_run_refused_before_its_first_step_leaves_no_file(tmp_path: Path) -> None:
+    """Bad input found on the ranks (a resume refused) writes nothing: the file is opened at
+    the first record, with its start record first."""
+    from gpu_training.telemetry import RankTelemetry
+
+    RankTelemetry(tmp_path, rank=0, start={"world_size": 1}).close()
+    assert not (tmp_path / "telemetry").exists()
+    tel = RankTelemetry(tmp_path, rank=0, start={"world_size": 1})
+    tel.note("stall", message="stuck")
+    tel.close()
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "telemetry" / "rank0.jsonl").open()]
+    assert kinds == ["start", "stall"]
 
 
 def test_a_killed_rank_leaves_every_flushed_window(tmp_path: Path) -> None:

@@ -249,3 +249,59 @@ def test_deepspeed_payload_is_refused_and_trust_is_explicit(
     )
     assert trusted.returncode == 0, trusted.stderr[-2000:]
     assert (tmp_path / "w.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@needs_deepspeed
+def test_reading_a_zero_checkpoint_per_parameter_unpickles_no_payload(
+    zero2_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Resharding's own reader of DeepSpeed's files (a ZeRO checkpoint resumed under another
+    layout): the same allow-list, the refusal names the file, nothing runs; trust is explicit."""
+    step_dir = tmp_path / zero2_checkpoint.name
+    shutil.copytree(zero2_checkpoint, step_dir)
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert DEEPSPEED.param_source(step_dir, manifest, order=[]).names  # intact: it reads
+    optim = sorted(step_dir.glob("*_optim_states.pt"))[-1]
+    marker = tmp_path / "ran"
+    state = torch.load(optim, weights_only=False)  # our own file, to alter like an attacker
+    torch.save({**state, "payload": _Payload(marker)}, optim)
+    with pytest.raises(CheckpointError) as info:
+        DEEPSPEED.param_source(step_dir, manifest, order=[])
+    assert not marker.exists(), "the payload ran"
+    assert optim.name in str(info.value) and "posix.system" in str(info.value)
+
+    torch.save({**state, "note": argparse.Namespace(why="a newer DeepSpeed")}, optim)
+    with pytest.raises(CheckpointError, match=r"argparse\.Namespace"):
+        DEEPSPEED.param_source(step_dir, manifest, order=[])
+    assert DEEPSPEED.param_source(step_dir, manifest, order=[], trusted=True).names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@needs_deepspeed
+def test_a_poisoned_zero_checkpoint_is_refused_before_another_strategy_resumes_it(
+    zero2_checkpoint: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(zero2_checkpoint.parent.parent, out)
+    step_dir = out / "checkpoints" / zero2_checkpoint.name
+    optim = sorted(step_dir.glob("*_optim_states.pt"))[0]
+    marker = tmp_path / "ran"
+    state = torch.load(optim, weights_only=False)
+    torch.save({**state, "payload": _Payload(marker)}, optim)
+    _relist(step_dir, optim.name)
+    job = {
+        **_TINY_JOB,
+        "strategy": {"name": "ddp"},
+        "run": {**_TINY_JOB["run"], "output_dir": str(out)},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    before = sorted(p.name for p in out.rglob("*"))
+    proc = _cli("train", str(tmp_path / "job.yaml"), "--nproc", "2")
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    assert not marker.exists(), "the payload ran"
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gpu-training:")]
+    assert len(lines) == 1 and optim.name in lines[0] and "posix.system" in lines[0]
+    assert sorted(p.name for p in out.rglob("*")) == before, "nothing may be written"

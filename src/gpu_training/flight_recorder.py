@@ -40,6 +40,7 @@ from typing import Any
 __all__ = [
     "BUFFER_ENV",
     "DEFAULT_ENTRIES",
+    "NCCL_BUFFER_ENV",
     "WATCHDOG_ENV",
     "collective_verdict",
     "enable",
@@ -59,9 +60,15 @@ WATCHDOG_ENV = "GPU_TRAINING_STALL_TIMEOUT"
 is set, :func:`~gpu_training.ddp.init_distributed` switches the recorder on."""
 
 
+NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+"""The NCCL process group's older name for the same buffer (torch before 2.13 reads it)."""
+
+
 def enable(env: MutableMapping[str, str] | None = None, entries: int = DEFAULT_ENTRIES) -> None:
     """Switch the recorder on for process groups created from now on (a set value stays)."""
-    (os.environ if env is None else env).setdefault(BUFFER_ENV, str(entries))
+    target = os.environ if env is None else env
+    target.setdefault(BUFFER_ENV, str(entries))
+    target.setdefault(NCCL_BUFFER_ENV, target[BUFFER_ENV])
 
 
 def snapshot() -> dict[str, Any] | None:
@@ -70,13 +77,19 @@ def snapshot() -> dict[str, Any] | None:
         import torch._C._distributed_c10d as c10d
     except ImportError:  # a torch built without distributed
         return None
-    dump_json = getattr(c10d, "_dump_fr_trace_json", None)  # private: absent in some builds
-    if dump_json is None:
-        return None
-    with contextlib.suppress(Exception):  # no group, no recorder, a format torch changed
-        data = json.loads(dump_json(includeCollectives=True))
-        return data if isinstance(data, dict) else None
-    return None
+    # NCCL groups keep their own recorder (an empty generic dump on torch 2.11 with NCCL,
+    # seen on an H200); gloo's is the generic one. Private functions: absent in some builds.
+    found: dict[str, Any] | None = None
+    for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
+        dump_json = getattr(c10d, name, None)
+        if dump_json is None:
+            continue
+        with contextlib.suppress(Exception):  # no group, no recorder, a format torch changed
+            data = json.loads(dump_json(includeCollectives=True))
+            if isinstance(data, dict) and data.get("entries"):
+                return data
+            found = found or (data if isinstance(data, dict) else None)
+    return found
 
 
 def summarize(dump: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:

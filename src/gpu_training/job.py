@@ -37,7 +37,8 @@ from typing import Any
 
 from gpu_training.config import ConfigError, TrainingConfig, parse_override, read_config_file
 from gpu_training.config.checks import check_int, check_optional_int
-from gpu_training.strategy.spec import StrategyConfig
+from gpu_training.config.files import apply_override
+from gpu_training.strategy.spec import StrategyConfig, deepspeed_math
 
 __all__ = [
     "TRACKER_NAMES",
@@ -394,13 +395,14 @@ class JobConfig:
         }
 
     def math_settings(self) -> dict[str, Any]:
-        """The settings that define the run's math: task, task options, training, and the
-        strategy's DeepSpeed options (a DeepSpeed file can name its own optimizer).
+        """The settings that define the run's math: task, task options, training, and what
+        a DeepSpeed config file says beyond the layout (it can name its own optimizer:
+        :func:`~gpu_training.strategy.spec.deepspeed_math`).
 
         Not the world size, nor (when a global batch is set) the per-device batch and the
         accumulation: the global batch defines the job, however it is split (promise 1). Nor
         how the strategy lays the model out (its name, FSDP's sharding, activation
-        checkpointing...): none, DDP and FSDP2 compute the same steps.
+        checkpointing, DeepSpeed's ZeRO stage and offload...): they compute the same steps.
         """
         return _math_settings(self.to_dict())
 
@@ -412,10 +414,12 @@ class JobConfig:
         """
         return _hash(self.math_settings())
 
-    def config_hashes(self) -> tuple[str, str]:
-        """:meth:`config_hash`, and the hash manifests recorded while the strategy's layout
-        counted as math: what a manifest that records only a hash may carry."""
-        return self.config_hash(), _hash(_math_settings(self.to_dict(), layout=True))
+    def config_hashes(self) -> tuple[str, ...]:
+        """:meth:`config_hash`, then the hashes older manifests recorded (while the strategy's
+        layout counted as math; then while DeepSpeed's stage, offload and config path did):
+        what a manifest that records only a hash may carry."""
+        job = self.to_dict()
+        return self.config_hash(), *(_hash(_math_settings(job, then=t)) for t in _OLDER)
 
     def changes_since(self, saved: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """How this job differs from ``saved`` (a checkpoint's recorded ``to_dict()``).
@@ -497,11 +501,13 @@ def _strategy_mapping(raw: object) -> object:
     return {"name": raw} if isinstance(raw, str) else raw
 
 
-_STRATEGY_MATH = ("deepspeed_config", "zero_stage", "offload", "cpu_offload")
-"""What the guard still compares of the strategy: a DeepSpeed file can name its own optimizer,
-and DeepSpeed loads a checkpoint only at the stage and offload it was written with
-(``cpu_offload`` is its offload switch too). The other fields place the same math."""
-_LAYOUT_FIELDS = {f.name for f in dataclasses.fields(StrategyConfig)} - set(_STRATEGY_MATH)
+_LAYOUT_FIELDS = {f.name for f in dataclasses.fields(StrategyConfig)}
+"""Every strategy field lays the run out: only what a DeepSpeed file says is math."""
+_OLDER: dict[str, set[str] | None] = {
+    "layout": None,
+    "deepspeed": {"deepspeed_config", "zero_stage", "offload", "cpu_offload"},
+}
+"""The strategy fields older definitions counted (None: all), oldest first (config_hashes)."""
 
 
 def _hash(settings: Mapping[str, Any]) -> str:
@@ -509,7 +515,7 @@ def _hash(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _math_settings(job: Mapping[str, Any], *, layout: bool = False) -> dict[str, Any]:
+def _math_settings(job: Mapping[str, Any], *, then: str | None = None) -> dict[str, Any]:
     training = dict(job.get("training") or {})
     training.pop("world_size", None), training.pop("max_nonfinite_steps", None)  # not math
     if training.get("global_batch_size") is not None:  # any split of it: the same math
@@ -517,8 +523,11 @@ def _math_settings(job: Mapping[str, Any], *, layout: bool = False) -> dict[str,
         training.pop("per_device_batch_size", None)
     payload = {k: job.get(k) for k in ("task", "task_options", "strategy")}
     strategy = payload["strategy"]
-    if isinstance(strategy, Mapping) and not layout:  # layout=True: as older manifests hashed
-        payload["strategy"] = {k: v for k, v in strategy.items() if k not in _LAYOUT_FIELDS}
+    keep = _OLDER[then] if then is not None else None
+    if isinstance(strategy, Mapping) and then is None:
+        payload["strategy"] = {"deepspeed": deepspeed_math(strategy)}
+    elif isinstance(strategy, Mapping) and keep is not None:  # as manifests hashed it then
+        payload["strategy"] = {k: v for k, v in strategy.items() if k in keep}
     payload["training"] = training
     return payload
 
@@ -557,19 +566,6 @@ def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}: '{part}' is not a section", dotted)
-        node = child
-    node[parts[-1]] = value
-
-
 def load_job(
     path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()
 ) -> JobConfig:
@@ -595,6 +591,6 @@ def load_job(
             strategy["deepspeed_config"] = str(beside)
     for text in overrides:
         key, value = parse_override(text)
-        _set_path(data, key, value)
+        apply_override(data, key, value)
     source = str(Path(path)) + (" (with --set)" if overrides else "")
     return JobConfig.from_dict(data, source=source)

@@ -10,7 +10,7 @@ checks that need no process group:
 - the checkpoint and output directories can be written (a probe file is created and removed;
   a path under a file or a read-only directory is named);
 - the checkpoint the run would resume from: no damaged checkpoint stands in the way, the
-  strategy can load its format (plain and sharded load each other's), its recorded settings
+  strategy can load its format (every format loads every other's), its recorded settings
   match the job (or ``allow_config_change``), its model has the job's parameter shapes, its
   files hold nothing outside the ``weights_only`` allow-lists, and a sharded one's index reads
   only the checkpoint's own files.

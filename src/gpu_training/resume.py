@@ -168,7 +168,10 @@ def restore_run_state(
     The one place that decides how random streams continue, for every checkpoint format: on
     the saved world size each rank gets its own state back; a rank that has none (the run
     grew) is reseeded from ``(seed, step, rank)`` and its shared-purpose generators (data
-    loaders) continue from rank 0's.
+    loaders) continue from rank 0's. The restored schedule sets the optimizer's learning
+    rate (a checkpoint resharded from another layout carries no param groups); a DeepSpeed
+    checkpoint's ``amp_state`` is None (its engine keeps the loss scale), and a stepper
+    resuming it keeps its own.
 
     Raises:
         KeyError: When the state lacks something that was asked to be restored.
@@ -181,6 +184,8 @@ def restore_run_state(
         if target is None:
             continue
         saved = state.get(name)
+        if saved is None and name == "amp_state" and name in state:
+            continue  # DeepSpeed keeps its loss scale in its own files: none to carry over
         if saved is None:
             raise KeyError(f"checkpoint has no {name} to restore")
         if target is amp and amp is not None and not saved.get("scaler"):
@@ -188,6 +193,11 @@ def restore_run_state(
             # policy or autocast), which the job's precision, guarded on resume, decides
             saved = {**saved, "precision": amp.precision}
         target.load_state_dict(saved)
+        if target is scheduler and scheduler is not None:
+            # the schedule's position sets the LR, whichever optimizer state came with it
+            groups, lrs = scheduler.optimizer.param_groups, scheduler.get_last_lr()
+            for group, lr in zip(groups, lrs, strict=True):
+                group["lr"] = lr
     step = int(state["step"])
     rng_states = state.get("rng_states") or []
     if ctx.rank < len(rng_states):
@@ -224,8 +234,8 @@ def check_resumable(
 ) -> list[str]:
     """Whether ``job`` may continue from the checkpoint ``step_dir``; returns warnings.
 
-    The checkpoint must be of a format the job's strategy can load (plain and sharded load
-    each other's, :meth:`~gpu_training.checkpoint.CheckpointFormat.can_load`), and its recorded
+    The checkpoint must be of a format the job's strategy can load (every format loads every
+    other's, :meth:`~gpu_training.checkpoint.CheckpointFormat.can_load`), and its recorded
     job settings must match on every field that changes the math
     (:meth:`JobConfig.math_settings`: not the strategy's layout), unless
     ``allow_config_change``; fields that cannot change the math (logging cadence, output
@@ -305,8 +315,13 @@ def layout_change(job: JobConfig, manifest: Mapping[str, Any], world_size: int) 
 
 
 def _strategy_title(strategy: Mapping[str, Any]) -> str:
+    """A strategy as the resume line names it: ``DDP``, ``ZeRO-3 with CPU offload``..."""
     name = str(strategy.get("name"))
     if name == "deepspeed":
         stage = strategy.get("zero_stage")
-        return f"ZeRO-{stage}" if stage else "DeepSpeed"
+        offload = strategy.get("offload")
+        offloads = offload in ("optimizer", "all") or (
+            offload is None and strategy.get("cpu_offload")
+        )
+        return (f"ZeRO-{stage}" if stage else "DeepSpeed") + (" with CPU offload" * bool(offloads))
     return {"none": "a plain model", "ddp": "DDP", "fsdp": "FSDP"}.get(name, name)

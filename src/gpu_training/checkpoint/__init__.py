@@ -29,11 +29,16 @@ One owner per concern, dependencies one way (each module imports only those abov
   loadable on any world size; :mod:`~gpu_training.checkpoint.dcp_read` reads DCP's pickles
   restrictively) and :mod:`~gpu_training.checkpoint.zero` (DeepSpeed engines);
   :mod:`~gpu_training.checkpoint.reshard` reads a plain checkpoint into FSDP2 shards on any
-  world size (the other way, DCP reshards by itself). Imported on first use (DCP and
-  DeepSpeed cost seconds of import time).
+  world size (the other way, DCP reshards by itself), and
+  :mod:`~gpu_training.checkpoint.zero_reshard` anything into a DeepSpeed engine and a
+  DeepSpeed checkpoint into anything, per parameter
+  (:mod:`~gpu_training.checkpoint.full_state`, :mod:`~gpu_training.checkpoint.zero_source`,
+  :mod:`~gpu_training.checkpoint.zero_sink`). Imported on first use (DCP and DeepSpeed cost
+  seconds of import time).
 - :mod:`~gpu_training.checkpoint.manager` — :class:`CheckpointManager`, the façade a training
   loop uses: ``save``/``load`` (plain), ``save_sharded``/``load_sharded``,
-  ``load_plain_into`` (plain into shards), ``save_deepspeed``/``load_deepspeed``, ``latest``,
+  ``load_plain_into`` (plain into shards), ``save_deepspeed``/``load_deepspeed``,
+  ``load_into_deepspeed``/``load_resharded`` (any layout, per parameter), ``latest``,
   ``find_resumable``...
 - :mod:`~gpu_training.checkpoint.export_hf` — a checkpoint of a Hugging Face model as a
   ``save_pretrained`` directory.

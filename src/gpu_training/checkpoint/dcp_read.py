@@ -6,7 +6,8 @@ here, in one place to audit: the allowlisting unpickler for ``.metadata``, the c
 the index reads only the checkpoint's own files (:func:`check_dcp_storage`), a
 ``FileSystemReader`` that uses it, a load planner that checks every non-tensor value with
 ``torch.load(weights_only=True)`` before DCP unpickles it, and :func:`load_everything`, the
-whole-checkpoint read that offline consolidation uses (no process group, no model). It is a
+whole-checkpoint read that offline consolidation uses (no process group, no model), with
+:func:`load_keys` for a few values at a time (what resharding into DeepSpeed reads). It is a
 module of its own because it is the trust boundary of sharded checkpoints: both the
 every-rank load (:func:`~gpu_training.checkpoint.sharded.load_sharded`) and the offline one
 (:func:`~gpu_training.checkpoint.offline.consolidate`) go through it.
@@ -52,7 +53,7 @@ from gpu_training.checkpoint.attempt import CAUGHT, describe_error
 from gpu_training.checkpoint.files import CheckpointError
 from gpu_training.checkpoint.safe_load import refused_message, weights_only_loads
 
-__all__ = ["check_dcp_storage", "load_everything", "read_dcp_metadata"]
+__all__ = ["check_dcp_storage", "load_everything", "load_keys", "read_dcp_metadata"]
 
 _DCP_METADATA = ".metadata"
 
@@ -220,6 +221,23 @@ def load_everything(path: Path) -> dict[str, Any]:
     Raises:
         CheckpointError: If the metadata or a value is refused or a file cannot be read.
     """
+    return load_keys(path, None)
+
+
+def load_keys(path: Path, keys: Iterable[str] | None) -> dict[str, Any]:
+    """Loads some values of a sharded checkpoint into this process, whole: no process group.
+
+    Args:
+        path: A sharded step directory (verify it against its manifest first).
+        keys: Dotted names of the values, or of a mapping holding them
+            (``"model.wte.weight"``, ``"optim.state.wte.weight"``); None for everything.
+
+    Returns:
+        The values asked for, nested as saved (``{"model": {"wte.weight": ...}}``).
+
+    Raises:
+        CheckpointError: If the metadata or a value is refused or a file cannot be read.
+    """
     # dcp.load keeps only the caller's top-level keys, so an empty template would come back
     # empty: this is the private path torch's own dcp_to_torch_save takes.
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
@@ -232,10 +250,14 @@ def load_everything(path: Path) -> dict[str, Any]:
 
     read_dcp_metadata(path / _DCP_METADATA)  # a clear error before DCP's own fallbacks
     state: dict[str, Any] = {}
+    wanted = None if keys is None else set(keys)
     try:
         with weights_only_loads():
             _load_state_dict(
-                state, storage_reader=SafeReader(path), planner=_SafeEmptyPlanner(), no_dist=True
+                state,
+                storage_reader=SafeReader(path),
+                planner=_SafeEmptyPlanner(keys=wanted),
+                no_dist=True,
             )
     except CAUGHT as exc:
         raise CheckpointError(f"could not read {path}: {describe_error(exc)}") from exc

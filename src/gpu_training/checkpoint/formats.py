@@ -7,8 +7,9 @@ the format asks a :class:`CheckpointFormat` rather than comparing names:
 
 - in a run, every rank: :meth:`~CheckpointFormat.save` and :meth:`~CheckpointFormat.load`
   through a :class:`~gpu_training.checkpoint.CheckpointManager`, and whether a format can
-  load what another wrote (:meth:`~CheckpointFormat.can_load`: plain and sharded read each
-  other's checkpoints, at any world size; DeepSpeed only its own);
+  load what another wrote (:meth:`~CheckpointFormat.can_load`: every format reads every
+  other's checkpoints, at any world size), and :meth:`~CheckpointFormat.param_source` (its
+  checkpoint per parameter, whole: what resharding into another layout reads);
 - offline, one process and no process group: :meth:`~CheckpointFormat.check_contents` (the
   allow-lists, before a resume), :meth:`~CheckpointFormat.saved_shapes`,
   :meth:`~CheckpointFormat.full_state` (the whole, unsharded model and optimizer: what
@@ -26,8 +27,8 @@ Example:
     True
     >>> format_of({"state_format": "deepspeed"}).title, format_of({}).title
     ('DeepSpeed', 'plain')
-    >>> SHARDED.can_load(PLAIN), PLAIN.can_load(SHARDED), SHARDED.can_load(DEEPSPEED)
-    (True, True, False)
+    >>> SHARDED.can_load(PLAIN), PLAIN.can_load(DEEPSPEED), DEEPSPEED.can_load(SHARDED)
+    (True, True, True)
     >>> checkpoint_format("pickle")
     Traceback (most recent call last):
     ...
@@ -36,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -52,8 +52,10 @@ from gpu_training.checkpoint.files import (
     STATE_NAME,
     CheckpointError,
 )
+from gpu_training.checkpoint.full_state import DcpSource, ParamSource, PlainSource
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 from gpu_training.checkpoint.safe_load import DEEPSPEED_SAFE_GLOBALS, check_pickles, load_plain
+from gpu_training.checkpoint.seams import Checkpointable, Checkpoints, Order, PathOrStep
 from gpu_training.ddp import unwrap_model
 
 __all__ = [
@@ -74,64 +76,8 @@ __all__ = [
     "state_format",
 ]
 
-PathOrStep = str | os.PathLike[str] | int
-"""A checkpoint directory, or a step number in the root (as the manager takes it)."""
 Shapes = dict[str, tuple[int, ...]]
 """Parameter name -> shape."""
-
-
-class Checkpointable(Protocol):
-    """What a format saves and loads in a run (:class:`~gpu_training.strategy.Prepared` is one)."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    engine: Any
-    """The ``DeepSpeedEngine`` under DeepSpeed, else None."""
-
-
-class Checkpoints(Protocol):
-    """The manager as a format sees it: what a run saves through and loads from.
-
-    :class:`~gpu_training.checkpoint.CheckpointManager` is the one; it is handed in, as this
-    module sits below it.
-    """
-
-    def save(self, state: Mapping[str, Any], step: int) -> Path | None: ...
-
-    def load(self, path_or_step: PathOrStep | None = None) -> dict[str, Any]: ...
-
-    def save_sharded(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        step: int,
-        *,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Path | None: ...
-
-    def load_sharded(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
-        path_or_step: PathOrStep | None = None,
-    ) -> dict[str, Any]: ...
-
-    def load_plain_into(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        path_or_step: PathOrStep | None = None,
-    ) -> dict[str, Any]: ...
-
-    def manifest(self, path_or_step: PathOrStep) -> dict[str, Any]: ...
-
-    def save_deepspeed(
-        self, engine: Any, step: int, *, extra: Mapping[str, Any] | None = None
-    ) -> Path | None: ...
-
-    def load_deepspeed(
-        self, engine: Any, path_or_step: PathOrStep | None = None
-    ) -> dict[str, Any]: ...
 
 
 class CheckpointFormat(Protocol):
@@ -202,6 +148,17 @@ class CheckpointFormat(Protocol):
 
     def read_extra(self, step_dir: Path) -> dict[str, Any]:
         """The caller's extra state saved, as :meth:`load` returns it second."""
+        ...
+
+    def param_source(
+        self, step_dir: Path, manifest: Mapping[str, Any], *, order: Order, trusted: bool = False
+    ) -> ParamSource:
+        """Its checkpoint read per parameter, whole, for another layout to load (resharding).
+
+        ``order`` names the loading run's parameters in its optimizer's order (what a plain
+        optimizer state's indices mean). No collective; see
+        :mod:`~gpu_training.checkpoint.full_state`.
+        """
         ...
 
 
@@ -294,8 +251,8 @@ class PlainCheckpointFormat:
         return f"PlainCheckpointFormat({self.name!r})"
 
     def can_load(self, saved: CheckpointFormat) -> bool:
-        """Its own checkpoints, and sharded ones (DCP reshards into a whole model)."""
-        return saved is self or (self is PLAIN and saved is SHARDED)
+        """Its own checkpoints, and sharded and DeepSpeed ones, of any world size."""
+        return saved is self or (self is PLAIN and saved in (SHARDED, DEEPSPEED))
 
     def save(
         self,
@@ -313,11 +270,14 @@ class PlainCheckpointFormat:
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every rank reads ``state.pt``; the caller's extra is its ``"extra"``.
 
-        A sharded checkpoint is read as :data:`SHARDED` reads it: DCP loads it into any model.
+        A sharded checkpoint is read as :data:`SHARDED` reads it: DCP loads it into any model;
+        a DeepSpeed one per parameter (``CheckpointManager.load_resharded``).
         """
         saved = format_of(ckpt.manifest(path))
-        if saved is not self and self.can_load(saved):
+        if saved is SHARDED and self is PLAIN:
             return saved.load(ckpt, run, path)
+        if saved is DEEPSPEED and self is PLAIN:
+            return ckpt.load_resharded(run.model, run.optimizer, path)
         state = ckpt.load(path)
         load_model_and_optimizer(state, run.model, run.optimizer)
         return state, dict(state.get("extra") or {})
@@ -355,6 +315,12 @@ class PlainCheckpointFormat:
         extra = load_plain(step_dir / STATE_NAME).get("extra")
         return dict(extra) if isinstance(extra, Mapping) else {}
 
+    def param_source(
+        self, step_dir: Path, manifest: Mapping[str, Any], *, order: Order, trusted: bool = False
+    ) -> ParamSource:
+        """``state.pt`` memory-mapped; its optimizer state's indices are ``order``'s."""
+        return PlainSource.open(step_dir, order)
+
 
 class ShardedCheckpointFormat:
     """DCP shards of every rank (FSDP2), the run state in ``extra.pt``; loads on any world size."""
@@ -370,8 +336,8 @@ class ShardedCheckpointFormat:
         return "ShardedCheckpointFormat()"
 
     def can_load(self, saved: CheckpointFormat) -> bool:
-        """Its own checkpoints and plain ones, of any world size."""
-        return saved is self or saved is PLAIN
+        """Its own checkpoints, plain and DeepSpeed ones, of any world size."""
+        return saved in (self, PLAIN, DEEPSPEED)
 
     def save(
         self,
@@ -390,11 +356,15 @@ class ShardedCheckpointFormat:
         """``dcp.load`` on every rank; ``extra.pt`` is both the run state and the extra.
 
         A plain checkpoint is broadcast from rank 0 into the shards
-        (:func:`~gpu_training.checkpoint.reshard.load_plain_resharded`).
+        (:func:`~gpu_training.checkpoint.reshard.load_plain_resharded`), a DeepSpeed one read
+        per parameter (``CheckpointManager.load_resharded``).
         """
-        if format_of(ckpt.manifest(path)) is PLAIN:
+        saved = format_of(ckpt.manifest(path))
+        if saved is PLAIN:
             state = ckpt.load_plain_into(run.model, run.optimizer, path)
             return state, dict(state.get("extra") or {})
+        if saved is DEEPSPEED:
+            return ckpt.load_resharded(run.model, run.optimizer, path)
         plain = ckpt.load_sharded(run.model, run.optimizer, path)
         return plain, plain
 
@@ -442,9 +412,15 @@ class ShardedCheckpointFormat:
         """``extra.pt``."""
         return _extra_file(step_dir)
 
+    def param_source(
+        self, step_dir: Path, manifest: Mapping[str, Any], *, order: Order, trusted: bool = False
+    ) -> ParamSource:
+        """DCP's files, a batch of parameters per read (its index checked first)."""
+        return DcpSource(step_dir, _listed(manifest), order)
+
 
 class DeepSpeedCheckpointFormat:
-    """DeepSpeed's own files (ZeRO 1/2/3), the run state in ``extra.pt``; same world size only."""
+    """DeepSpeed's own files (ZeRO 1/2/3), the run state in ``extra.pt``; any world size."""
 
     name = DEEPSPEED_FORMAT
     title = "DeepSpeed"
@@ -457,8 +433,8 @@ class DeepSpeedCheckpointFormat:
         return "DeepSpeedCheckpointFormat()"
 
     def can_load(self, saved: CheckpointFormat) -> bool:
-        """Only its own checkpoints (its load refuses another world size)."""
-        return saved is self
+        """Its own checkpoints of any stage and world size, plain and sharded ones."""
+        return saved in (self, PLAIN, SHARDED)
 
     def save(
         self,
@@ -474,9 +450,11 @@ class DeepSpeedCheckpointFormat:
     def load(
         self, ckpt: Checkpoints, run: Checkpointable, path: PathOrStep
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``engine.load_checkpoint`` on every rank; ``extra.pt`` is the run state and extra."""
-        plain = ckpt.load_deepspeed(run.engine, path)
-        return plain, plain
+        """``engine.load_checkpoint`` where laid out alike, else per parameter; every rank.
+
+        See ``CheckpointManager.load_into_deepspeed``.
+        """
+        return ckpt.load_into_deepspeed(run.engine, path)
 
     def check_contents(
         self, step_dir: Path, manifest: Mapping[str, Any], *, trusted: bool = False
@@ -491,7 +469,7 @@ class DeepSpeedCheckpointFormat:
         check_pickles([f for f in pickles if f.name == EXTRA_NAME], hint=None)
 
     def saved_shapes(self, step_dir: Path, manifest: Mapping[str, Any]) -> Shapes | None:
-        """None: DeepSpeed's engine checks the shapes on every rank."""
+        """None: every rank checks the shapes as it loads."""
         return None
 
     def full_state(
@@ -508,6 +486,14 @@ class DeepSpeedCheckpointFormat:
     def read_extra(self, step_dir: Path) -> dict[str, Any]:
         """``extra.pt``."""
         return _extra_file(step_dir)
+
+    def param_source(
+        self, step_dir: Path, manifest: Mapping[str, Any], *, order: Order, trusted: bool = False
+    ) -> ParamSource:
+        """Every rank's ZeRO files memory-mapped, read with the allow-list unless ``trusted``."""
+        from gpu_training.checkpoint.zero_source import ZeroSource  # imports DeepSpeed's classes
+
+        return ZeroSource(step_dir, trusted=trusted)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,10 +6,27 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, cast
 
-__all__ = ["WRAPPER_PREFIXES", "strip_wrapper_prefixes"]
+__all__ = ["CHECKPOINT_WRAPPER", "WRAPPER_PREFIXES", "parameter_name", "strip_wrapper_prefixes"]
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.")
 """Key prefixes added by DDP/DataParallel/FSDP1/DeepSpeed, ``torch.compile`` and Fabric."""
+
+CHECKPOINT_WRAPPER = "_checkpoint_wrapped_module."
+"""What activation checkpointing puts in parameter names (state-dict keys drop it)."""
+
+
+def parameter_name(name: str) -> str:
+    """A parameter's name as state dicts key it: no activation-checkpointing wrapper in it.
+
+    ``named_parameters()`` of a model with checkpointed blocks says
+    ``blocks.0._checkpoint_wrapped_module.attn.weight``; its ``state_dict()`` says
+    ``blocks.0.attn.weight``. Checkpoints of every format use the latter.
+
+    Example:
+        >>> parameter_name("blocks.0._checkpoint_wrapped_module.attn.weight")
+        'blocks.0.attn.weight'
+    """
+    return name.replace(CHECKPOINT_WRAPPER, "")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -465,6 +465,65 @@ class CheckpointManager:
         trust = self.trust_checkpoint if trusted is None else trusted
         return load_deepspeed(self.store, self.ctx, engine, path_or_step, trusted=trust)
 
+    def load_into_deepspeed(
+        self, engine: Any, path_or_step: PathOrStep, *, trusted: bool | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Loads any checkpoint into a fresh ZeRO engine, any layout; every rank.
+
+        A DeepSpeed checkpoint laid out as the engine is goes through :meth:`load_deepspeed`
+        (bitwise); another stage or world size, a plain or a sharded checkpoint is read per
+        parameter into the engine's partitions. See :func:`.zero_reshard.load_into_deepspeed`.
+
+        Args:
+            engine: The ``DeepSpeedEngine`` to fill (ZeRO stage 1-3), not stepped yet.
+            path_or_step: A checkpoint directory or a step number.
+            trusted: Let DeepSpeed's files unpickle without the allow-list (default:
+                ``trust_checkpoint``).
+
+        Returns:
+            ``(run_state, extra)``: the run state saved, and the caller's extra.
+
+        Raises:
+            CheckpointError: On every rank if it is missing, damaged, refused or of another
+                model.
+        """
+        from gpu_training.checkpoint.zero_reshard import load_into_deepspeed
+
+        trust = self.trust_checkpoint if trusted is None else trusted
+        return load_into_deepspeed(self.store, self.ctx, engine, path_or_step, trusted=trust)
+
+    def load_resharded(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        path_or_step: PathOrStep,
+        *,
+        trusted: bool | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Loads a checkpoint read per parameter into a plain, DDP or FSDP2 run; every rank.
+
+        How a DeepSpeed ZeRO checkpoint resumes without DeepSpeed, at any world size. See
+        :func:`.zero_reshard.load_resharded`.
+
+        Args:
+            model: The model to fill, sharded with ``fully_shard`` or not.
+            optimizer: Its optimizer, built from its parameters.
+            path_or_step: A checkpoint directory or a step number.
+            trusted: Let DeepSpeed's files unpickle without the allow-list (default:
+                ``trust_checkpoint``).
+
+        Returns:
+            ``(run_state, extra)``: the run state saved, and the caller's extra.
+
+        Raises:
+            CheckpointError: On every rank if it is missing, damaged, refused or of another
+                model.
+        """
+        from gpu_training.checkpoint.zero_reshard import load_resharded
+
+        trust = self.trust_checkpoint if trusted is None else trusted
+        return load_resharded(self.store, self.ctx, model, optimizer, path_or_step, trusted=trust)
+
     def __repr__(self) -> str:
         return (
             f"CheckpointManager({str(self.directory)!r}, keep_last_n={self.keep_last_n}, "

@@ -39,14 +39,13 @@ from gpu_training.checkpoint.collective import choose_verified
 from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
 from gpu_training.checkpoint.files import STATE_NAME, CheckpointError
 from gpu_training.checkpoint.formats import PLAIN
-from gpu_training.checkpoint.keys import strip_wrapper_prefixes
+from gpu_training.checkpoint.keys import parameter_name, strip_wrapper_prefixes
 from gpu_training.checkpoint.safe_load import load_plain
 from gpu_training.ddp import DistributedContext, unwrap_model
 
 __all__ = ["load_plain_resharded", "optimizer_state_by_name"]
 
 _WHOLE = ("model_state", "optimizer_state")
-_CHECKPOINT_WRAPPER = "_checkpoint_wrapped_module."  # activation checkpointing's: keys drop it
 
 
 def load_plain_resharded(
@@ -136,10 +135,7 @@ def optimizer_state_by_name(
             f"its optimizer has param groups of {sizes} parameters and this run's of {wanted}: "
             "resume with the optimizer it was written with"
         )
-    names = {
-        id(p): name.replace(_CHECKPOINT_WRAPPER, "")
-        for name, p in unwrap_model(model).named_parameters()
-    }
+    names = {id(p): parameter_name(name) for name, p in unwrap_model(model).named_parameters()}
     by_index = whole.get("state") or {}
     state: dict[str, Any] = {}
     named_groups = []

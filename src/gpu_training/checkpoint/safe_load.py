@@ -31,6 +31,7 @@ import contextlib
 import importlib
 import os
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ __all__ = [
     "check_pickles",
     "load_plain",
     "refused_message",
+    "resolve_globals",
     "weights_only_loads",
 ]
 
@@ -69,7 +71,19 @@ _depth = 0
 _saved: dict[str, str | None] = {}
 
 
-def _resolve(names: Iterable[str]) -> list[Any]:
+def resolve_globals(names: Iterable[str]) -> list[Any]:
+    """The classes named (``"pkg.mod.Class"``) that import here; the others are skipped.
+
+    DeepSpeed's are imported quietly: without a GPU it would log its accelerator guess on
+    stdout (before the resume line ``train`` prints), so the CPU is named for it first, as
+    the DeepSpeed strategy does.
+    """
+    names = list(names)
+    if any(n.startswith("deepspeed.") for n in names) and "deepspeed" not in sys.modules:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
     found = []
     for name in names:
         module, _, attr = name.rpartition(".")
@@ -105,7 +119,7 @@ def weights_only_loads(allow: Iterable[str] = ()) -> Iterator[None]:
             os.environ.pop(_FORCE_NO, None)
         _depth += 1
     try:
-        with torch.serialization.safe_globals(_resolve(allow)):
+        with torch.serialization.safe_globals(resolve_globals(allow)):
             yield
     finally:
         with _lock:
@@ -170,7 +184,7 @@ def check_pickles(
 
     from gpu_training.checkpoint.files import CheckpointError
 
-    allowed = _resolve(allow)
+    allowed = resolve_globals(allow)
     for file in files:
         try:
             with torch.serialization.safe_globals(allowed):

@@ -21,7 +21,8 @@ likes, for checkpoints from a source you trust. For weights to share, consolidat
 Example:
     >>> ckpt = CheckpointManager("checkpoints", ctx=ctx)  # doctest: +SKIP
     >>> ckpt.save_deepspeed(engine, step, extra={"step": step})  # every rank  # doctest: +SKIP
-    >>> extra = ckpt.load_deepspeed(engine)  # same world size  # doctest: +SKIP
+    >>> extra = ckpt.load_deepspeed(engine)  # the layout it was written on  # doctest: +SKIP
+    >>> state, extra = ckpt.load_into_deepspeed(engine, 10)  # any layout  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -103,9 +104,9 @@ def load_deepspeed(
     """Loads a DeepSpeed checkpoint into ``engine`` (model, optimizer, its scheduler); every rank.
 
     The checksums are verified first (each rank a share of the files); with no
-    ``path_or_step`` the newest DeepSpeed checkpoint that verifies is taken. Load on the
-    world size it was saved with (DeepSpeed's optimizer shards are per rank); for another
-    world size, consolidate the weights and start a new optimizer.
+    ``path_or_step`` the newest DeepSpeed checkpoint that verifies is taken. DeepSpeed's own
+    load, on the world size it was saved with (its optimizer shards are per rank); for
+    another world size or stage, ``CheckpointManager.load_into_deepspeed`` reshards.
 
     Args:
         store: The checkpoint root.
@@ -133,8 +134,8 @@ def load_deepspeed(
         if manifest_world != ctx.world_size:
             raise CheckpointError(
                 f"{chosen} was saved by {manifest_world} DeepSpeed ranks and this run has "
-                f"{ctx.world_size}: DeepSpeed's optimizer shards load on the same world size "
-                "only (consolidate the weights with 'gpu-training ckpt consolidate' to change it)"
+                f"{ctx.world_size}: DeepSpeed's own load reads its optimizer shards on the same "
+                "world size only (CheckpointManager.load_into_deepspeed reshards them)"
             )
     settle(ctx, check, what)
     with Attempt() as load:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,10 +29,18 @@ from gpu_training.checkpoint.safe_load import (
     DEEPSPEED_SAFE_GLOBALS,
     check_pickles,
     refused_message,
+    resolve_globals,
     weights_only_loads,
 )
 
-__all__ = ["check_files", "deepspeed_model_state", "guarded", "quiet", "refusals"]
+__all__ = [
+    "check_files",
+    "deepspeed_model_state",
+    "guarded",
+    "load_deepspeed_file",
+    "quiet",
+    "refusals",
+]
 
 
 @contextlib.contextmanager
@@ -85,6 +95,48 @@ def check_files(step_dir: Path, share: slice = slice(None)) -> None:
     check_pickles(_pickle_files(step_dir, share), DEEPSPEED_SAFE_GLOBALS)
     if share.start in (None, 0) and (step_dir / EXTRA_NAME).exists():
         check_pickles([step_dir / EXTRA_NAME], hint=None)
+
+
+def load_deepspeed_file(file: Path, *, trusted: bool = False) -> dict[str, Any]:
+    """One of DeepSpeed's ``.pt`` files, memory-mapped: ``weights_only`` and the allow-list.
+
+    Tensors are mapped, not read: a slice of one reads only its pages. ``trusted``
+    (``--trust-checkpoint``) unpickles without the allow-list.
+
+    Args:
+        file: A model-states or optimizer-states file of a committed DeepSpeed checkpoint.
+        trusted: Let the pickle build any object.
+
+    Returns:
+        The dict it holds.
+
+    Raises:
+        CheckpointError: Naming the file: it holds objects outside the allow-list (nothing
+            runs), cannot be read, does not hold a dict, or DeepSpeed is not installed.
+    """
+    if not torch.cuda.is_available():  # else DeepSpeed probes for accelerators and warns
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed  # noqa: F401  (its classes are on the allow-list)
+    except ImportError as exc:
+        raise CheckpointError(
+            f"{file.parent} is a DeepSpeed checkpoint: reading it needs the deepspeed extra "
+            "(pip install 'gpu-training[deepspeed]')"
+        ) from exc
+    try:
+        if trusted:
+            value = torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+        else:
+            with torch.serialization.safe_globals(resolve_globals(DEEPSPEED_SAFE_GLOBALS)):
+                value = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        message = refused_message(file, exc)
+        if message is None:
+            message = f"could not read {file}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        raise CheckpointError(message[:1000]) from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file} holds a {type(value).__name__}, expected a dict")
+    return value
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 from gpu_training.config.checks import ConfigError
 from gpu_training.config.training import TrainingConfig
 
-__all__ = ["load_config", "parse_override", "read_config_file"]
+__all__ = ["apply_override", "load_config", "parse_override", "read_config_file"]
 
 
 _FLOAT_PATTERN = r"""^(?:
@@ -73,6 +73,30 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(
             f"override {text!r}: not valid YAML: {_yaml_error_line(err)}", key
         ) from None
+
+
+def apply_override(data: dict[str, Any], dotted: str, value: Any, *, flag: str = "--set") -> None:
+    """Sets ``data[a][b][c] = value`` for ``dotted`` ``"a.b.c"``, making missing sections.
+
+    Example:
+        >>> job = {"training": {"max_steps": 10}}
+        >>> apply_override(job, "training.max_steps", 20)
+        >>> job
+        {'training': {'max_steps': 20}}
+
+    Raises:
+        ConfigError: A part of the path is a value, not a section (``flag`` names the option).
+    """
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{flag} {dotted}: '{part}' is not a section", dotted)
+        node = child
+    node[parts[-1]] = value
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ The strategy also owns its checkpoint format, picked once by :func:`prepare`
 ``run.save_checkpoint`` writes the model and optimizer the strategy's way (one ``state.pt``
 from rank 0, DCP shards, DeepSpeed's files) beside the plain run state every format shares,
 and ``run.load_checkpoint`` reads them back — or another strategy's, at any world size, where
-the format can load it (none/DDP and FSDP2 load each other's: ``CheckpointFormat.can_load``).
+the format can load it (every format loads every other's: ``CheckpointFormat.can_load``).
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ class Prepared:
         """Loads the model and optimizer in place from a checkpoint :meth:`save_checkpoint` wrote.
 
         Every rank calls it. A checkpoint of another format is read when this strategy's format
-        can load it (resharded: a plain one into FSDP2 shards, a sharded one into whole tensors). The run state comes back for
+        can load it (resharded: a plain one into FSDP2 shards, a sharded one into whole
+        tensors, anything to or from DeepSpeed per parameter). The run state comes back for
         :func:`~gpu_training.resume.restore_run_state`, the one place that puts it back
         whatever the format.
 

@@ -22,14 +22,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_training.config import ConfigError
+from gpu_training.config import ConfigError, read_config_file
 
 __all__ = [
+    "DEEPSPEED_LAYOUT_KEYS",
     "OFFLOAD_MODES",
     "SHARDINGS",
     "STRATEGIES",
     "StrategyConfig",
     "StrategyError",
+    "deepspeed_math",
     "did_you_mean",
     "parse_strategy",
 ]
@@ -42,6 +44,62 @@ SHARDINGS: tuple[str, ...] = ("full", "hybrid")
 
 OFFLOAD_MODES: tuple[str, ...] = ("none", "optimizer", "all")
 """DeepSpeed CPU offload: nothing, optimizer state, or optimizer state and parameters."""
+
+
+DEEPSPEED_LAYOUT_KEYS: frozenset[str] = frozenset(
+    {
+        "zero_optimization",  # stage, offload, buckets: where the state lives, not its math
+        "train_batch_size",  # the batch and clipping: the training section's, checked
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "bf16",  # precision: training.precision decides it; loss-scale tuning only skips steps
+        "fp16",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "memory_breakdown",
+        "dump_state",
+        "flops_profiler",
+        "tensorboard",
+        "wandb",
+        "csv_monitor",
+        "comet",
+        "comms_logger",
+        "aio",
+        "checkpoint",
+        "activation_checkpointing",
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+    }
+)
+"""Top-level keys of a DeepSpeed config that lay the run out, or that the training section
+decides (batch, clipping, precision): none of them changes what a step computes beyond what
+the job's other settings say. Every other key does, or may (``optimizer``, ``scheduler``,
+``data_types``, ``communication_data_type``...)."""
+
+
+def deepspeed_math(strategy: Mapping[str, Any]) -> dict[str, Any]:
+    """What a strategy's DeepSpeed config file says about the run's math; ``{}`` for none.
+
+    The file's keys beyond :data:`DEEPSPEED_LAYOUT_KEYS`, read where the strategy names it.
+    Only ``deepspeed`` reads its file: any other strategy's math is ``{}``, as is DeepSpeed's
+    built-in config's. A file that cannot be read is its path (what can be compared).
+
+    Args:
+        strategy: ``StrategyConfig.to_dict()``, or as a checkpoint's manifest recorded it.
+
+    Example:
+        >>> deepspeed_math({"name": "fsdp", "deepspeed_config": "ds.json"})
+        {}
+    """
+    path = strategy.get("deepspeed_config")
+    if strategy.get("name") != "deepspeed" or not path:
+        return {}
+    try:
+        raw = read_config_file(str(path))
+    except ConfigError:
+        return {"deepspeed_config": str(path)}
+    return {key: value for key, value in raw.items() if key not in DEEPSPEED_LAYOUT_KEYS}
 
 
 class StrategyError(ConfigError):

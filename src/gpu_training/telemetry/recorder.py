@@ -140,12 +140,14 @@ class RankTelemetry(TelemetryOff):
         device: Any = None,
     ) -> None:
         self.path = rank_file(run_dir, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        # Opened at the first write: a run refused before its first step (bad input found
+        # on the ranks, e.g. a resume refused) leaves nothing on disk.
+        self._file: IO[str] | None = None
+        self._closed = False
         self._device = device
         self._cuda = getattr(device, "type", None) == "cuda"
         head = {"kind": "start", "rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
-        self._write([{**head, **(start or {}), "started": time.time()}])
+        self._head = json.dumps({**head, **(start or {}), "started": time.time()}) + "\n"
         self._done: list[tuple[Any, ...]] = []  # closed steps, as step_line's arguments
         self._reset()
         self._pending: int | None = None  # a step whose end is the next step's start
@@ -258,7 +260,7 @@ class RankTelemetry(TelemetryOff):
 
     def flush(self) -> None:
         """Writes the steps closed since the last flush (the Trainer calls it at log steps)."""
-        if not self._done or self._file is None:
+        if not self._done or self._closed:
             return
         memory, kind = self._memory()
         tail = f', "memory_bytes": {"null" if memory is None else memory}, "memory_kind": "{kind}"'
@@ -284,14 +286,19 @@ class RankTelemetry(TelemetryOff):
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._closed = True
 
     def _write(self, records: list[dict[str, Any]]) -> None:
         self._write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def _write_text(self, text: str) -> None:
-        if self._file is None:
+        if self._closed:
             return
         try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+                text = self._head + text  # the start record first
             self._file.write(text)
             self._file.flush()
         except OSError:  # a full disk must not end the run: the job is what matters
