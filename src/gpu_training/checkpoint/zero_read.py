@@ -101,7 +101,8 @@ def load_deepspeed_file(file: Path, *, trusted: bool = False) -> dict[str, Any]:
     """One of DeepSpeed's ``.pt`` files, memory-mapped: ``weights_only`` and the allow-list.
 
     Tensors are mapped, not read: a slice of one reads only its pages. ``trusted``
-    (``--trust-checkpoint``) unpickles without the allow-list.
+    (``--trust-checkpoint``) hands the file to DeepSpeed's own reader, which unpickles it
+    without the allow-list (and reads it whole): nothing in this package does.
 
     Args:
         file: A model-states or optimizer-states file of a committed DeepSpeed checkpoint.
@@ -124,8 +125,13 @@ def load_deepspeed_file(file: Path, *, trusted: bool = False) -> dict[str, Any]:
             "(pip install 'gpu-training[deepspeed]')"
         ) from exc
     try:
-        if trusted:
-            value = torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+        if trusted:  # DeepSpeed's own reader, unforced: what --trust-checkpoint lets run
+            from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+                TorchCheckpointEngine,
+            )
+
+            with quiet():
+                value = TorchCheckpointEngine().load(str(file), map_location="cpu")
         else:
             with torch.serialization.safe_globals(resolve_globals(DEEPSPEED_SAFE_GLOBALS)):
                 value = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
