@@ -192,7 +192,8 @@ def test_flight_recorder_names_a_collective_mismatch_without_debug_mode() -> Non
         r"mismatch at #\d+ of default_pg: rank 0 in all_reduce, rank 1 in broadcast",
         output,
     )
-    assert set(verdicts) == {"0", "1"}, output[-3000:]  # each rank's watchdog says it
+    # the first rank's watchdog to end the job says it (torchrun may stop the other first)
+    assert verdicts, output[-3000:]
 
 
 @pytest.mark.multirank
