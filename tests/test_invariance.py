@@ -30,42 +30,15 @@ import torch
 import yaml
 
 from dist_harness import run_ranks
+from resume_jobs import JOB
 from train_jobs import train
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.timeout(400)]
 
 TOL = 1e-5
 STEPS = 20
-_JOB: dict[str, Any] = {
-    "task": "charlm",
-    "task_options": {
-        "block_size": 32,
-        "n_layer": 2,
-        "n_head": 2,
-        "n_embd": 32,
-        "dropout": 0.1,
-        "bias": False,
-    },
-    "training": {
-        "global_batch_size": 16,
-        "per_device_batch_size": 4,
-        "learning_rate": 3e-3,
-        "warmup_steps": 2,
-        "max_steps": STEPS,
-        "precision": "fp32",
-        "seed": 3,
-    },
-    "strategy": {"name": "ddp"},
-    "checkpoint": {"every": 10, "keep_last_n": 5},
-    "run": {
-        "log_every": 10,
-        "eval_every": 10,
-        "eval_batches": 2,
-        "plot": False,
-        "tensorboard": False,
-        "progress": False,
-    },
-}
+_JOB: dict[str, Any] = {**JOB, "run": {**JOB["run"], "log_every": 10}}
+"""resume_jobs's job (the same model, data and settings), logging every 10 steps."""
 
 
 def _train(tmp: Path, name: str, nproc: int, **changes: Any) -> Path:

@@ -203,15 +203,7 @@ def _fill_zero12(
                 flat.narrow(0, hp.start, hp.numel).copy_(
                     full.weight.reshape(-1).narrow(0, lp.start, lp.numel)
                 )
-                for key, value in full.state.items():
-                    if value.dim() == 0:
-                        steps += [value] if key == "step" else []
-                        continue
-                    if key not in moments:
-                        moments[key] = torch.zeros_like(flat)
-                    moments[key].narrow(0, hp.start, hp.numel).copy_(
-                        value.reshape(-1).narrow(0, lp.start, lp.numel)
-                    )
+                _copy_state(full.state, flat, moments, steps, hp.start, lp.start, hp.numel)
             _flat_state(base, flat, moments, _one_step(steps))
 
 
@@ -236,15 +228,7 @@ def _fill_zero3(
                 start = min(rank * piece, param.ds_numel)
                 count = min(piece, param.ds_numel - start)
                 flat.narrow(0, offset, count).copy_(full.weight.reshape(-1).narrow(0, start, count))
-                for key, value in full.state.items():
-                    if value.dim() == 0:
-                        steps += [value] if key == "step" else []
-                        continue
-                    if key not in moments:
-                        moments[key] = torch.zeros_like(flat)
-                    moments[key].narrow(0, offset, count).copy_(
-                        value.reshape(-1).narrow(0, start, count)
-                    )
+                _copy_state(full.state, flat, moments, steps, offset, start, count)
                 offset += piece
             _flat_state(base, flat, moments, _one_step(steps))
             # the model's own partition from the fp32 one, as DeepSpeed's load does
@@ -255,6 +239,27 @@ def _fill_zero3(
                 optimizer.fp16_partitioned_groups[sub], unflat, strict=True
             ):
                 partitioned.data = view.data
+
+
+def _copy_state(
+    state: dict[str, torch.Tensor],
+    flat: torch.Tensor,
+    moments: dict[str, torch.Tensor],
+    steps: list[torch.Tensor],
+    at: int,
+    start: int,
+    count: int,
+) -> None:
+    """One parameter's optimizer state into this rank's flat partition: ``count`` elements
+    of each moment from ``start`` of the full tensor to ``at`` of the flat one (a moment's
+    flat buffer made on first sight); 0-d step counts collected in ``steps``."""
+    for key, value in state.items():
+        if value.dim() == 0:
+            steps += [value] if key == "step" else []
+            continue
+        if key not in moments:
+            moments[key] = torch.zeros_like(flat)
+        moments[key].narrow(0, at, count).copy_(value.reshape(-1).narrow(0, start, count))
 
 
 def _one_step(steps: list[torch.Tensor]) -> torch.Tensor | None:

@@ -132,47 +132,25 @@ def _table(states: list[Any], anomalies: list[Any]) -> Any:
 def _run_monitor(args: argparse.Namespace) -> int:
     import json
 
-    from rich.console import Console
-
+    from gpu_training.commands._live import refresh_loop
     from gpu_training.monitor import NoGPUError, detect_anomalies, states_to_json
 
-    console = Console(highlight=False)
-    refreshes = 1 if args.once else args.count
-    done = 0
-    live = None
-    try:
-        while refreshes is None or done < refreshes:
-            try:
-                states = _snapshot(args)
-            except NoGPUError as err:
-                message = (
-                    str(err)
-                    if str(err).startswith("no NVIDIA GPU")
-                    else (f"no NVIDIA GPU found ({err})")
-                )
-                if args.json:
-                    print(json.dumps({"gpus": [], "anomalies": [], "message": message}))
-                else:
-                    print(f"gpu-training: monitor: {message}", file=sys.stderr)
-                return EXIT_NO_GPU
-            anomalies = detect_anomalies(states)
-            done += 1
-            if args.json:
-                print(states_to_json(states, anomalies), flush=True)
-            elif args.once or not console.is_terminal:
-                console.print(_table(states, anomalies))
-            else:
-                if live is None:
-                    from rich.live import Live
+    def frame() -> tuple[str, Any]:
+        states = _snapshot(args)
+        anomalies = detect_anomalies(states)
+        return states_to_json(states, anomalies), _table(states, anomalies)
 
-                    live = Live(_table(states, anomalies), console=console, auto_refresh=False)
-                    live.start()
-                live.update(_table(states, anomalies), refresh=True)
-            if refreshes is None or done < refreshes:
-                time.sleep(args.interval)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if live is not None:
-            live.stop()
+    try:
+        refresh_loop(
+            frame, once=args.once, count=args.count, interval=args.interval, as_json=args.json
+        )
+    except NoGPUError as err:
+        message = (
+            str(err) if str(err).startswith("no NVIDIA GPU") else (f"no NVIDIA GPU found ({err})")
+        )
+        if args.json:
+            print(json.dumps({"gpus": [], "anomalies": [], "message": message}))
+        else:
+            print(f"gpu-training: monitor: {message}", file=sys.stderr)
+        return EXIT_NO_GPU
     return 0

@@ -42,6 +42,6 @@ def _run_report(args: argparse.Namespace) -> int:
     except ReportError as err:
         raise UsageError(f"report: {err}") from None
     except OSError as err:
-        raise UsageError(f"report: cannot write {args.output or 'the report'}: {err}") from None
+        raise UsageError(f"report: {err.filename or args.run_dir}: {err.strerror or err}") from None
     print(f"wrote {path}")
     return 0

@@ -162,34 +162,12 @@ def _render(view: Any) -> Any:
 
 
 def _run_watch(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from gpu_training.commands._live import refresh_loop
     from gpu_training.commands._watch_view import build_view
 
-    console = Console(highlight=False)
-    refreshes = 1 if args.once else args.count
-    done = 0
-    live = None
-    try:
-        while refreshes is None or done < refreshes:
-            view = build_view(args.run_dir, steps=args.steps)
-            done += 1
-            if args.json:
-                print(json.dumps(view.to_json()), flush=True)
-            elif args.once or not console.is_terminal:
-                console.print(_render(view))
-            else:
-                if live is None:
-                    from rich.live import Live
+    def frame() -> tuple[str, Any]:
+        view = build_view(args.run_dir, steps=args.steps)
+        return json.dumps(view.to_json()), _render(view)
 
-                    live = Live(_render(view), console=console, auto_refresh=False)
-                    live.start()
-                live.update(_render(view), refresh=True)
-            if refreshes is None or done < refreshes:
-                time.sleep(args.interval)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if live is not None:
-            live.stop()
+    refresh_loop(frame, once=args.once, count=args.count, interval=args.interval, as_json=args.json)
     return 0
