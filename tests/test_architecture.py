@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "schedule",
             "flight_recorder",
             "nonfinite",
+            "nonfinite_guard",
             "dist_init",
             "process_group",
             "ddp",

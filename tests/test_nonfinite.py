@@ -21,7 +21,7 @@ import yaml
 from torch import nn
 
 from dist_harness import REPO_ROOT, TESTS_DIR, run_python
-from gpu_training.amp import MixedPrecisionStepper, NonFiniteStep
+from gpu_training.amp import MixedPrecisionStepper, NonFiniteError, NonFiniteStep
 from gpu_training.config import ConfigError
 from gpu_training.job import JobConfig
 
@@ -106,6 +106,63 @@ def test_without_the_guard_the_nan_reaches_the_weights() -> None:
     assert not torch.isfinite(model.state_dict()["0.weight"]).all()
 
 
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_a_fused_optimizer_skips_on_the_device_and_is_told_a_step_later(
+    clip: float | None,
+) -> None:
+    """A fused optimizer (the Trainer's on a GPU; on the CPU here) gets the flag as its
+    ``found_inf`` and skips the step itself: the host reads the flag at the next step, so
+    it never waits for the step it queued. Weights, moments and step counts are untouched,
+    the diagnosis names the step it happened at (``steps_ago=1``) and the parameter."""
+    from gpu_training.amp import nonfinite_warning
+
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    stepper = MixedPrecisionStepper(opt, "fp32", max_grad_norm=clip, max_nonfinite_steps=2)
+    _step(stepper, model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
+    adam_steps = [float(opt.state[p]["step"]) for p in model.parameters()]
+
+    _step(stepper, model, poison=math.nan)  # step 2: skipped on the device, not yet known
+    assert stepper.last_nonfinite is None and stepper.skipped_steps == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(
+        torch.equal(m, opt.state[p]["exp_avg"])
+        for m, p in zip(moments, model.parameters(), strict=True)
+    )
+    assert [float(opt.state[p]["step"]) for p in model.parameters()] == adam_steps
+
+    _step(stepper, model)  # step 3 reads step 2's flags, and trains
+    assert stepper.last_nonfinite == NonFiniteStep(
+        loss_ranks=(0,), parameter="0.weight", in_a_row=1, steps_ago=1
+    )
+    assert stepper.skipped_steps == 1
+    assert nonfinite_warning(stepper, 3) == (
+        "warning: step 2: non-finite loss on rank 0 (first non-finite gradient: 0.weight): "
+        "skipped on every rank (1 in a row; the run stops at 2)"
+    )
+    assert not torch.equal(before["0.weight"], model.state_dict()["0.weight"])
+
+    # settle: read at once (a log or checkpoint step), the step named is the step taken
+    _step(stepper, model, poison=math.inf)
+    assert nonfinite_warning(stepper, 4, settle=True) is not None
+    assert stepper.last_nonfinite is not None and stepper.last_nonfinite.steps_ago == 0
+    _step(stepper, model, poison=math.nan)
+    with pytest.raises(NonFiniteError, match=r"step 5: .*2 steps in a row"):
+        nonfinite_warning(stepper, 5, settle=True)
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
+def test_without_the_guard_a_fused_optimizer_takes_the_nan() -> None:
+    """The negative control of the device-side skip: no guard, no ``found_inf``."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    stepper = MixedPrecisionStepper(opt, "fp32")
+    _step(stepper, model, poison=math.nan)
+    assert not torch.isfinite(model.state_dict()["0.weight"]).all()
+
+
 def test_max_nonfinite_steps_is_checked() -> None:
     with pytest.raises(ValueError, match="max_nonfinite_steps must be >= 1"):
         MixedPrecisionStepper(torch.optim.SGD(_model().parameters(), lr=0.1), max_nonfinite_steps=0)
@@ -154,7 +211,7 @@ def _job(tmp_path: Path, strategy: str, precision: str, guard: int | None = 5) -
     return path
 
 
-def _train(job: Path, nan_steps: str) -> tuple[int, str]:
+def _train(job: Path, nan_steps: str, fused: bool = False) -> tuple[int, str]:
     paths = [REPO_ROOT / "src", TESTS_DIR, TESTS_DIR / "scripts"]
     proc = run_python(
         ["-m", "gpu_training", "train", str(job), "--nproc", "2"],
@@ -164,6 +221,7 @@ def _train(job: Path, nan_steps: str) -> tuple[int, str]:
             "PYTHONPATH": ":".join(map(str, paths)),
             "NAN_RANK": "1",
             "NAN_STEPS": nan_steps,
+            "NAN_FUSED": "1" if fused else "0",
             "OMP_NUM_THREADS": "1",
         },
     )
@@ -178,12 +236,20 @@ def _final_model(out: Path) -> dict[str, Any]:
 @pytest.mark.multirank
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(
-    ("strategy", "precision"), [("ddp", "bf16"), ("ddp", "fp32"), ("fsdp", "bf16")]
+    ("strategy", "precision", "fused"),
+    [
+        ("ddp", "bf16", False),
+        ("ddp", "fp32", False),
+        ("fsdp", "bf16", False),
+        ("ddp", "fp32", True),
+    ],
 )
 def test_a_nan_on_rank_1_at_step_7_is_skipped_on_every_rank(
-    tmp_path: Path, strategy: str, precision: str
+    tmp_path: Path, strategy: str, precision: str, fused: bool
 ) -> None:
-    rc, text = _train(_job(tmp_path, strategy, precision), "7")
+    """``fused``: AdamW fused, the GPU's optimizer: the skip happens on the device and the
+    host learns of it a step later; the outcome must be the same."""
+    rc, text = _train(_job(tmp_path, strategy, precision), "7", fused=fused)
     assert rc == 0, text[-3000:]
     assert (
         text.count("warning: step 7: non-finite loss on rank 1 (first non-finite gradient: ") == 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -33,6 +34,7 @@ from gpu_training.nonfinite import (
     nonfinite_warning,
     parameter_name,
 )
+from gpu_training.nonfinite_guard import NonFiniteGuard, defers_on_device
 
 __all__ = [
     "GradNorm",
@@ -333,7 +335,8 @@ class MixedPrecisionStepper:
         """Steps in a row skipped for a NaN/Inf (with ``max_nonfinite_steps``)."""
         self.last_nonfinite: NonFiniteStep | None = None
         """The last step's diagnosis when it was skipped for a NaN/Inf, else None."""
-        self._loss_ok: torch.Tensor | None = None  # this rank's micro-batch losses all finite
+        self._guard = NonFiniteGuard() if max_nonfinite_steps is not None else None
+        self._names: Names | None = None  # the last step's, to name a gradient found a step later
         self._unread: GradNorm | None = None  # its gradients go at the next forward
 
     @property
@@ -358,9 +361,8 @@ class MixedPrecisionStepper:
         """Divide by the accumulation steps, scale (fp16), and backpropagate."""
         if self._unread is not None:
             self._drop_unread()
-        if self.max_nonfinite_steps is not None:  # a device op, read only on a skip
-            finite = torch.isfinite(loss.detach()).all()
-            self._loss_ok = finite if self._loss_ok is None else self._loss_ok & finite
+        if self._guard is not None:  # kept, looked at only on a skip
+            self._guard.record_loss(loss)
         if self.grad_accum_steps > 1:  # x / 1 is x, but costs an op and an autograd node
             loss = loss / self.grad_accum_steps
         self._scaler.scale(loss).backward()
@@ -437,21 +439,35 @@ class MixedPrecisionStepper:
                 value = torch.nn.utils.get_total_norm(
                     [p.grad for p in params if p.grad is not None]
                 )
-        guarded = self.max_nonfinite_steps is not None
-        nonfinite = False
-        if guarded:  # the flag every rank agrees on: the global norm's finiteness
-            if value is None:
-                value = torch.nn.utils.get_total_norm(
-                    [p.grad for p in params if p.grad is not None]
-                )
-            nonfinite = not bool(torch.isfinite(_finish_norm(value, False)))
-        loss_ok, self._loss_ok = self._loss_ok, None
-        pending = None if value is not None else GradNorm._unmeasured(params, owners, grads, False)
+        guard, self._names = self._guard, names
         self.last_nonfinite = None
-        if nonfinite:  # every rank is here: the norm is the same everywhere
-            self.last_nonfinite = self._diagnose(loss_ok, names)
+        if guard is not None and guard.pending is not None:
+            self._settle(steps_ago=1)  # the last step's flags, left on the device
+        nonfinite, found_inf = False, None
+        if guard is not None:  # the flag every rank agrees on (see nonfinite_guard)
+            if self.max_grad_norm is not None:
+                owners = list(params)  # those with a gradient (clipping filtered them)
+                grads = [p.grad for p in owners if p.grad is not None]
+            if not self._scaler.is_enabled() and defers_on_device(self.optimizer, grads):
+                found_inf = guard.defer(value, grads, owners)
+            else:
+                nonfinite = bool(guard.flags_now(value, grads, owners))
+                if nonfinite:  # every rank is here: the flag is the same everywhere
+                    index = first_nonfinite(names()) if names is not None else -1
+                    self.last_nonfinite = self._diagnose(guard.take_losses_bad(), index, names)
+                else:
+                    guard.forget_losses()
+        pending = None if value is not None else GradNorm._unmeasured(params, owners, grads, False)
         scale_before = self._scaler.get_scale() if self._scaler.is_enabled() else None
-        if nonfinite and not self._scaler.is_enabled():
+        if found_inf is not None:  # the fused kernel skips the update on the device
+            self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+            self.optimizer.grad_scale = None  # type: ignore[attr-defined]
+            try:
+                self.optimizer.step()
+            finally:
+                self.optimizer.found_inf = None  # type: ignore[attr-defined]
+            skipped = False  # known at the next step (settle)
+        elif nonfinite and not self._scaler.is_enabled():
             skipped = True  # bf16/fp32: nothing else would have stopped this step
         else:
             self._scaler.step(self.optimizer)  # skips the step when a gradient is inf/NaN
@@ -461,7 +477,7 @@ class MixedPrecisionStepper:
         self.last_step_skipped = skipped
         if self.last_step_skipped:
             self.skipped_steps += 1
-        if guarded and self.last_nonfinite is None:
+        if guard is not None and self.last_nonfinite is None and found_inf is None:
             self.nonfinite_in_a_row = 0
         self.optimizer.zero_grad(set_to_none=True)
         if pending is None:
@@ -473,16 +489,40 @@ class MixedPrecisionStepper:
         self._unread = pending
         return pending
 
-    def _diagnose(
-        self,
-        loss_ok: torch.Tensor | None,
-        names: Names | None,
-    ) -> NonFiniteStep | None:
-        """Which ranks' losses were non-finite, and the first non-finite gradient: one small
-        all-gather, on every rank (each reaches it on the same step). Updates the count in a
-        row; None for an fp16 overflow with finite losses (the scaler's calibration)."""
-        loss_bad = loss_ok is not None and not bool(loss_ok)
-        flags = gather_flags(loss_bad, first_nonfinite(names()) if names is not None else -1)
+    def settle(self) -> None:
+        """Read the step's NaN/Inf flags now if they were left on the device (a fused CUDA
+        optimizer skips on them by itself: :mod:`~gpu_training.nonfinite_guard`); the next
+        step would read them. Every rank calls it at the same step: a skipped step's
+        diagnosis is an all-gather. :attr:`last_nonfinite` keeps the previous step's
+        diagnosis unless this step was skipped too.
+        """
+        self._settle(steps_ago=0)
+
+    def _settle(self, steps_ago: int) -> None:
+        guard = self._guard
+        if guard is None or guard.pending is None:
+            return
+        pending, guard.pending = guard.pending, None
+        nonfinite, loss_bad, bad = pending.read()
+        if not nonfinite:
+            self.nonfinite_in_a_row = 0
+            return
+        self.skipped_steps += 1
+        self.last_step_skipped = self.last_step_skipped or steps_ago == 0
+        index = -1
+        if self._names is not None and bad:
+            where = {id(p): i for i, (_, p) in enumerate(self._names())}
+            index = min(where.get(id(p), -1) for p in bad)
+        found = self._diagnose(loss_bad, index, self._names)
+        if found is not None:
+            self.last_nonfinite = replace(found, steps_ago=steps_ago)
+
+    def _diagnose(self, loss_bad: bool, index: int, names: Names | None) -> NonFiniteStep | None:
+        """Which ranks' losses were non-finite, and the first non-finite gradient (``index``
+        in ``names``' order, this rank's; -1: none): one small all-gather, on every rank
+        (each reaches it on the same step). Updates the count in a row; None for an fp16
+        overflow with finite losses (the scaler's calibration)."""
+        flags = gather_flags(loss_bad, index)
         ranks = tuple(r for r, (bad, _) in enumerate(flags) if bad)
         if self._scaler.is_enabled() and not ranks:
             return None  # an fp16 overflow: the scaler skips it and lowers its scale

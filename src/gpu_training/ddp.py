@@ -430,7 +430,11 @@ def train_one_epoch(
             count_fn=count_fn or count_scored,
             check_counts=steps == 0,
         )
-        warning = nonfinite_warning(stepper, first_step + steps + 1)  # raises at the limit
+        # settle: a fused CUDA optimizer's NaN flag is read now, not a step later (exact
+        # sums here; the Trainer reads it late to keep the host ahead of the GPU)
+        warning = nonfinite_warning(
+            stepper, first_step + steps + 1, settle=True
+        )  # raises at the limit
         if warning is not None:  # skipped on every rank: keep its NaN out of the mean
             if ctx.is_main_process:
                 print(warning, flush=True)

@@ -32,6 +32,7 @@ __all__ = [
     "gather_flags",
     "nonfinite_warning",
     "parameter_name",
+    "skipped_now",
 ]
 
 Names = Callable[[], Iterable[tuple[str, torch.nn.Parameter]]]
@@ -63,6 +64,10 @@ class NonFiniteStep:
     in_a_row: int
     """Non-finite steps in a row, this one included."""
 
+    steps_ago: int = 0
+    """1 when the step was found one step later (its flags stayed on the GPU: a fused
+    optimizer skipped it there, see :mod:`gpu_training.nonfinite_guard`), else 0."""
+
     def describe(self) -> str:
         """``non-finite loss on rank 1 (first non-finite gradient: fc.weight)``."""
         where = (
@@ -75,19 +80,29 @@ class NonFiniteStep:
         return f"non-finite {where}{grad}"
 
 
-def nonfinite_warning(stepper: MixedPrecisionStepper, step: int) -> str | None:
+def nonfinite_warning(
+    stepper: MixedPrecisionStepper | None, step: int, *, settle: bool = False
+) -> str | None:
     """The warning for optimizer step ``step`` (1-based) if it was skipped for a NaN/Inf.
 
     What a loop prints (rank 0) after each step with a guarded stepper; the Trainer and
-    :func:`~gpu_training.ddp.train_one_epoch` do.
+    :func:`~gpu_training.ddp.train_one_epoch` do. A skip found a step later (a fused CUDA
+    optimizer: :mod:`~gpu_training.nonfinite_guard`) names the step it happened at.
+    ``settle=True`` reads such flags now (every rank at the same step: before a checkpoint,
+    at a log step, after the last step), so nothing is left unread there.
 
     Raises:
         NonFiniteError: On every rank alike, when ``max_nonfinite_steps`` steps in a row were
             skipped.
     """
+    if stepper is None:
+        return None
+    if settle:
+        stepper.settle()
     bad = stepper.last_nonfinite
     if bad is None:
         return None
+    step -= bad.steps_ago  # found a step later: name the step it happened at
     limit = stepper.max_nonfinite_steps
     if limit is not None and bad.in_a_row >= limit:
         raise NonFiniteError(
@@ -100,6 +115,12 @@ def nonfinite_warning(stepper: MixedPrecisionStepper, step: int) -> str | None:
         f"warning: step {step}: {bad.describe()}: skipped on every rank "
         f"({bad.in_a_row} in a row; the run stops at {limit})"
     )
+
+
+def skipped_now(stepper: MixedPrecisionStepper | None) -> bool:
+    """Whether the step just taken was skipped for a NaN/Inf (known now, not a step later)."""
+    bad = stepper.last_nonfinite if stepper is not None else None
+    return bad is not None and bad.steps_ago == 0
 
 
 def _clean(name: str) -> str:

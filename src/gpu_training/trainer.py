@@ -50,6 +50,7 @@ from gpu_training.ddp import (
 )
 from gpu_training.evaluation import EvalShard, eval_shard, evaluate
 from gpu_training.job import JobConfig
+from gpu_training.nonfinite import skipped_now
 from gpu_training.preemption import PreemptionHandler
 from gpu_training.reporting import (
     MetricsWriter,
@@ -419,10 +420,12 @@ class Trainer:
                     )
                     if norm is None:  # pragma: no cover - every step_async steps at A
                         raise RuntimeError("the strategy did not step at the last micro-batch")
-                    warning = nonfinite_warning(run.amp, step + 1) if run.amp else None
+                    n, job = step + 1, self.job  # NaN flags left on a GPU: read where it syncs
+                    settle = n % job.run.log_every == 0 or n % job.checkpoint.every == 0
+                    warning = nonfinite_warning(run.amp, n, settle=settle or n == run.total)
                     if warning:
                         self.print(warning)
-                    else:  # a skipped step's NaN loss stays out of the window's mean
+                    if not skipped_now(run.amp):  # a skipped step's NaN loss stays out of the mean
                         window.losses += micro_losses
                     run.scheduler.step()
                     step += 1
@@ -489,11 +492,10 @@ class Trainer:
         step: int,
     ) -> None:
         """The log window's metrics, reduced over the ranks: written, printed, emitted."""
-        window_loss = (
-            torch.stack(window.losses).double().mean()
-            if window.losses
-            else torch.tensor(math.nan)  # every step of the window was skipped
-        )
+        losses = torch.stack(window.losses).double() if window.losses else torch.ones(0)
+        if run.amp is not None and run.amp.max_nonfinite_steps is not None:
+            losses = losses[losses.isfinite()]  # a step skipped a step later: out of the mean
+        window_loss = losses.mean() if losses.numel() else torch.tensor(math.nan)  # all skipped
         metrics = reduce_scalar_dict({"loss": window_loss}, self.ctx)
         metrics.update(
             lr=float(run.scheduler.get_last_lr()[0]),

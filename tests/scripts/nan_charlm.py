@@ -7,7 +7,8 @@ A job file names it as a task factory (``tests/scripts`` on ``PYTHONPATH``)::
 With ``NAN_RANK`` (default 1) and ``NAN_STEPS`` (``7``: the 7th training forward only;
 ``3-``: the 3rd and every later one), that rank's model output is multiplied by NaN in those
 training forwards, so its loss and then its gradients are NaN. One micro-batch per step
-(no accumulation) makes the forward's count the step's number. In its first evaluation
+(no accumulation) makes the forward's count the step's number. ``NAN_FUSED=1`` builds
+AdamW fused (the GPU's optimizer; its NaN skip happens on the device). In its first evaluation
 forward each rank of a replicated model prints ``WEIGHTS rank=R sum=<hex>``, the exact sum
 of its weights. Everything else is charlm's.
 """
@@ -51,9 +52,23 @@ def _sharded(module: nn.Module) -> bool:
     return any(hasattr(p, "full_tensor") for p in module.parameters())
 
 
+def _fused_adamw() -> None:
+    """``NAN_FUSED=1``: every AdamW is built fused, as the Trainer builds it on a GPU (its
+    guard then skips on the device and reads the flag a step later), here on the CPU."""
+    init = torch.optim.AdamW.__init__
+
+    def fused_init(self: torch.optim.AdamW, *args: Any, **kwargs: Any) -> None:
+        kwargs["fused"] = True
+        init(self, *args, **kwargs)
+
+    torch.optim.AdamW.__init__ = fused_init  # type: ignore[method-assign]
+
+
 def task(**options: Any) -> Task:
     """charlm with ``options``; rank ``NAN_RANK``'s outputs are NaN in the ``NAN_STEPS``."""
     base = resolve_task("charlm", options)
+    if os.environ.get("NAN_FUSED") == "1":
+        _fused_adamw()
 
     def build_model() -> nn.Module:
         model = base.build_model()
