@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gpu_training.cli import EXIT_USAGE, PROG
 from gpu_training.commands.argtypes import (
@@ -88,7 +88,9 @@ def _env_flag(name: str) -> bool:
 
 
 def _bad_input_exits(fit: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
-    """In a rank: bad input found there is one line from rank 0 and exit 2 on every rank.
+    """In a rank: bad input found there is one line from rank 0 and exit 2 on every rank;
+    a run stopped at ``training.max_nonfinite_steps`` (:class:`NonFiniteError`, raised on
+    every rank at the same step) is one line and exit 3.
 
     The Trainer's checks that need the ranks (a resume refused, a user task's data too
     small) and a checkpoint the file system refuses (a full disk, a permission: a
@@ -99,7 +101,9 @@ def _bad_input_exits(fit: Callable[[], dict[str, float]]) -> Callable[[], dict[s
 
     from gpu_training.checkpoint import CheckpointError
     from gpu_training.config import ConfigError
-    from gpu_training.launcher.torchrun import QUIET_ENV
+    from gpu_training.failure import exit_now, record_failure
+    from gpu_training.launcher.torchrun import EXIT_NONFINITE, QUIET_ENV
+    from gpu_training.nonfinite import NonFiniteError
 
     def bad_input(err: BaseException) -> bool:
         if isinstance(err, ConfigError):
@@ -115,16 +119,28 @@ def _bad_input_exits(fit: Callable[[], dict[str, float]]) -> Callable[[], dict[s
             cause = cause.__cause__ or cause.__context__
         return False
 
+    def one_line(err: BaseException, code: int) -> NoReturn:
+        # under train --nproc the launcher prints the line, from the root cause's record
+        if os.environ.get("RANK", "0") == "0" and not os.environ.get(QUIET_ENV):
+            print(f"{PROG}: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
+
     def run() -> dict[str, float]:
         try:
             return fit()
         except (ConfigError, CheckpointError) as err:
             if not bad_input(err):
                 raise
-            # under train --nproc the launcher prints the line, from the root cause's record
-            if os.environ.get("RANK", "0") == "0" and not os.environ.get(QUIET_ENV):
-                print(f"{PROG}: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_USAGE) from None
+            one_line(err, EXIT_USAGE)
+        except NonFiniteError as err:  # every rank stops at the same step: no traceback
+            if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+                # mid-run, gloo's threads are alive: interpreter shutdown can abort in them
+                # (docs/design.md, "Traps"), so the rank ends at once, its record written
+                record_failure(err)
+                if os.environ.get("RANK", "0") == "0" and not os.environ.get(QUIET_ENV):
+                    print(f"{PROG}: error: {' '.join(str(err).split())}", file=sys.stderr)
+                exit_now(EXIT_NONFINITE)
+            one_line(err, EXIT_NONFINITE)
 
     return run
 

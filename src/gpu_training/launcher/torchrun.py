@@ -13,6 +13,8 @@ restarts); :func:`~gpu_training.launcher.run_torchrun` starts it in place of
 * **bad input found in the ranks** (the root-cause worker exited 2: a refused resume, a full
   disk, data too small for one global batch — the same on every rank): the error's one
   line, ``gpu-training: error: ...``, and exit code 2, as when the launching host finds it;
+* **the run stopped for NaN/Inf steps** (every worker exited 3 at the same step: too many
+  non-finite steps in a row): the error's one line and exit code 3;
 * **a worker failed**: torchrun's report (the "Root Cause" rank, its exception and
   traceback) as the last block of the output, exit code 1, without the traceback of
   torchrun's internals above it.
@@ -43,10 +45,14 @@ from gpu_training.launcher.supervise import (
     own_log_dir,
 )
 
-__all__ = ["EXIT_USAGE", "QUIET_ENV", "main", "run_here"]
+__all__ = ["EXIT_NONFINITE", "EXIT_USAGE", "QUIET_ENV", "main", "run_here"]
 
 EXIT_USAGE = 2
 """A worker's exit code for bad input it found (``gpu_training.cli``'s usage code)."""
+
+EXIT_NONFINITE = 3
+"""Every worker's exit code when the run stopped itself at ``training.max_nonfinite_steps``
+NaN/Inf steps in a row (the same decision on every rank; the last checkpoint is intact)."""
 
 QUIET_ENV = "GPU_TRAINING_QUIET_TORCHRUN"
 """Set for the workers: their bad-input line is printed once, here, not by rank 0 too."""
@@ -77,14 +83,17 @@ def _from_signal(exc: BaseException, signal_type: type[BaseException]) -> bool:
     return False
 
 
-def _usage_line(failure: object) -> str | None:
-    """``gpu-training: error: ...`` from a worker's error record (None without one)."""
+def _usage_line(failure: object, only: str | None = None) -> str | None:
+    """``gpu-training: error: ...`` from a worker's error record (None without one, or when
+    ``only`` is given and the recorded exception is not of that name)."""
     data = getattr(failure, "error_file_data", None) or {}
     record = data.get("message") if isinstance(data, dict) else None
     text = record.get("message") if isinstance(record, dict) else None
     if not isinstance(text, str) or not text.strip():
         return None
     name, sep, rest = text.partition(": ")  # "ResumeError: 2 damaged checkpoints ..."
+    if only is not None and name != only:
+        return None
     message = rest if sep and name.isidentifier() else text
     return f"gpu-training: error: {' '.join(message.split())}"
 
@@ -96,8 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: torchrun's command line, without the program.
 
     Returns:
-        0, 143 when a signal stopped the job, 2 when the ranks found bad input, 1 when a
-        worker failed.
+        0, 143 when a signal stopped the job, 2 when the ranks found bad input, 3 when the
+        run stopped for NaN/Inf steps, 1 when a worker failed.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler
@@ -124,6 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if line is not None:
                 print(line, file=sys.stderr, flush=True)
             return EXIT_USAGE
+        # the run stopped itself for NaNs (a user script's own exit 3 keeps torchrun's report)
+        line = _usage_line(root, only="NonFiniteError")
+        if root.exitcode == EXIT_NONFINITE and line is not None:
+            print(line, file=sys.stderr, flush=True)
+            return EXIT_NONFINITE
         if os.environ.get("TORCHELASTIC_ERROR_FILE") and os.path.isfile(root.error_file):
             ErrorHandler().dump_error_file(root.error_file, root.exitcode)  # for its own agent
         print(failed.format_msg(), file=sys.stderr, flush=True)
