@@ -293,6 +293,8 @@ plan/lr-nan                          | {_P} --lr nan                            
 plan/seq-zero                        | {_P} --seq 0                                 | --seq
 plan/model-typo                      | plan charlmm --gpu-memory 80                 | charlmm
 plan/task-option-typo                | plan charlm --gpu-memory 80 --task-option n_layr=1 | n_layr
+plan/tensor-parallel-spans-nodes     | plan --layers 2 --hidden 64 --gpu-memory 80 --gpus 16 --tensor-parallel 16 | --tensor-parallel 16; never spans nodes
+plan/tensor-parallel-heads           | plan --layers 2 --hidden 64 --gpu-memory 80 --gpus 8 --tensor-parallel 2 | --tensor-parallel 2; attention heads (1)
 find-batch/gpu-memory-1e400          | find-batch {{ddp}} --gpu-memory 1e400        | --gpu-memory; '1e400'
 find-batch/gpu-memory-nan            | find-batch {{ddp}} --gpu-memory nan          | --gpu-memory; 'nan'
 find-batch/gpu-memory-inf            | find-batch {{ddp}} --gpu-memory inf          | --gpu-memory; 'inf'

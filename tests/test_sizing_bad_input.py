@@ -47,7 +47,7 @@ _FLAGS: dict[tuple[str, str], list[str]] = {
     },
     **{
         ("plan", flag): [*NOT_FINITE, "0", "-1", str(MAX_GPUS + 1), HUGE]
-        for flag in ("--gpus", "--gpus-per-node")
+        for flag in ("--gpus", "--gpus-per-node", "--tensor-parallel")
     },
     **{
         ("plan", flag): [*NOT_FINITE, "0", "-1", str(MAX_BATCH + 1), HUGE]

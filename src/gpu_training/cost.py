@@ -29,6 +29,14 @@ strategy                  per step                                     hidden un
                           back after the step
 ========================  ===========================================  ======================
 
+With ``TrainingRun.tensor_parallel = t`` the ``fsdp`` row is the 2-D layout (torchtitan's):
+every GPU computes ``1/t`` of its group's micro-batch; per transformer block, attention and
+MLP each move one all-reduce's worth of the ``b·s·h`` activations over the ``t`` GPUs of a
+node (with sequence parallel: an all-gather and a reduce-scatter) in forward and twice that
+in backward (Korthikanti et al. 2022, arXiv:2205.05198), on the critical path, not hidden;
+FSDP gathers and reduces ``1/t`` of the parameters over the ``num_gpus / t`` data-parallel
+groups, whose ring crosses nodes (:func:`tensor_parallel_seconds`).
+
 What is left out is listed by :func:`assumptions`. The FLOPs per token come from
 :meth:`~gpu_training.memory.TransformerShape.flops_per_token` (``6N + 12·L·H·Q·T``, the
 formula :func:`gpu_training.throughput.flops_per_token` uses) and the GPUs from
@@ -70,6 +78,8 @@ __all__ = [
     "run_cost",
     "shape_flops_per_token",
     "step_time",
+    "tensor_parallel_assumption",
+    "tensor_parallel_seconds",
 ]
 
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "zero1", "zero2", "fsdp", "zero3", "zero3_offload")
@@ -109,11 +119,26 @@ class TrainingRun:
     """``bf16``/``fp16`` (16-bit copies are communicated) or ``fp32`` (TF32 matmuls)."""
     activation_checkpointing: bool = False
     """Recompute each block's forward in backward."""
+    tensor_parallel: int = 1
+    """GPUs of a node each layer is split over (``fsdp`` only; FSDP over the rest); then
+    ``micro_batch`` is a data-parallel group's."""
+    num_layers: int = 0
+    """Transformer blocks (needed with ``tensor_parallel`` > 1)."""
+    hidden_size: int = 0
+    """Hidden size (needed with ``tensor_parallel`` > 1)."""
 
     def __post_init__(self) -> None:
         for name in ("num_params", "tokens_per_sample", "micro_batch", "accumulation", "num_gpus"):
             check_int_argument(name, getattr(self, name), 1)
         check_int_argument("gpus_per_node", self.gpus_per_node, 0)
+        t = check_int_argument("tensor_parallel", self.tensor_parallel, 1)
+        check_int_argument("num_layers", self.num_layers, 1 if t > 1 else 0)
+        check_int_argument("hidden_size", self.hidden_size, 1 if t > 1 else 0)
+        if t > 1 and (self.per_node % t or self.num_gpus % t):
+            raise ValueError(
+                f"tensor_parallel {t} must divide the GPUs per node ({self.per_node}) and the "
+                f"GPUs ({self.num_gpus}): tensor parallelism stays inside a node"
+            )
         if self.trainable_params is not None:
             check_int_argument("trainable_params", self.trainable_params, 0)
         fpt = self.flops_per_token
@@ -138,9 +163,14 @@ class TrainingRun:
         return self.num_params if self.trainable_params is None else self.trainable_params
 
     @property
+    def data_parallel(self) -> int:
+        """Data-parallel groups: the GPUs over ``tensor_parallel``."""
+        return self.num_gpus // self.tensor_parallel
+
+    @property
     def tokens_per_step(self) -> int:
         """Tokens of one optimizer step over all GPUs."""
-        return self.micro_batch * self.accumulation * self.num_gpus * self.tokens_per_sample
+        return self.micro_batch * self.accumulation * self.data_parallel * self.tokens_per_sample
 
 
 @dataclass(frozen=True)
@@ -270,6 +300,31 @@ def collective_seconds(
     return 2 * one_way if kind == "all_reduce" else one_way
 
 
+def tensor_parallel_seconds(run: TrainingRun, spec: GPUSpec, backward: bool = False) -> float:
+    """Seconds of one micro-batch's tensor-parallel collectives, forward or backward.
+
+    Per block, attention and MLP each all-reduce (with sequence parallel: all-gather, then
+    reduce-scatter) the ``micro_batch x tokens_per_sample x hidden_size`` activations in
+    16-bit (fp32 in fp32) over the ``t`` GPUs of a node; backward moves twice forward.
+
+    Example:
+        >>> from gpu_training.hardware import gpu_spec
+        >>> run = TrainingRun(num_params=70 * 10**9, flops_per_token=4.5e11,
+        ...                   tokens_per_sample=4096, micro_batch=1, num_gpus=16,
+        ...                   tensor_parallel=8, num_layers=80, hidden_size=8192)
+        >>> # 80 x 2 x all-reduce(1 x 4096 x 8192 x 2 B over 8): 2 x 7/8 x 64 MiB / 450 GB/s
+        >>> round(tensor_parallel_seconds(run, gpu_spec("h100")), 4)
+        0.0418
+    """
+    t = run.tensor_parallel
+    if t == 1:
+        return 0.0
+    width = 4 if run.precision == "fp32" else 2
+    tensor = run.micro_batch * run.tokens_per_sample * run.hidden_size * width
+    one = collective_seconds("all_reduce", tensor, t, t, spec)
+    return run.num_layers * 2 * one * (2 if backward else 1)
+
+
 def step_time(run: TrainingRun, spec: GPUSpec, strategy: str, mfu: float | None = None) -> StepTime:
     """One optimizer step of ``run`` under ``strategy`` on ``spec`` GPUs.
 
@@ -290,19 +345,25 @@ def step_time(run: TrainingRun, spec: GPUSpec, strategy: str, mfu: float | None 
     share = spec.mfu if mfu is None else mfu
     if not 0 < share <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {share!r}")
+    t = run.tensor_parallel
+    if t > 1 and strategy != "fsdp":
+        raise ValueError(f"tensor_parallel {t} is timed with fsdp only, got {strategy!r}")
     tokens = run.micro_batch * run.tokens_per_sample
-    micro = tokens * run.flops_per_token / (peak_flops(spec, run.precision) * share)
+    # Under tensor parallel each GPU of the group computes 1/t of the group's micro-batch.
+    micro = tokens * run.flops_per_token / (peak_flops(spec, run.precision) * share * t)
     forward = micro / 3  # 2N of the 6N FLOPs per token
     backward = 2 * micro / 3 + (forward if run.activation_checkpointing else 0.0)
     k = run.accumulation
     compute = k * (forward + backward)
 
     def coll(kind: str, num_bytes: float) -> float:
-        return collective_seconds(kind, num_bytes, run.num_gpus, run.per_node, spec)
+        # 2-D: FSDP's ring joins one GPU of each tensor-parallel group: per_node / t per node.
+        dp, per_node = run.data_parallel, run.per_node // t
+        return collective_seconds(kind, num_bytes, dp, per_node, spec) if dp > 1 else 0.0
 
     # bf16/fp16 runs communicate 16-bit weights (FSDP's param_dtype, DeepSpeed's model copy).
     w16 = 2 if run.precision in ("bf16", "fp16") else 4
-    params, grads = run.num_params, run.trainable
+    params, grads = run.num_params / t, run.trainable / t  # a TP group's FSDP shares 1/t
     total = exposed = 0.0
     if strategy == "ddp":
         # DDP reduces the gradients in the parameters' dtype: fp32 under autocast.
@@ -328,7 +389,10 @@ def step_time(run: TrainingRun, spec: GPUSpec, strategy: str, mfu: float | None 
         total = k * (2 * gather + scatter + to_host) + from_host
         exposed = k * (max(0.0, gather - forward) + max(0.0, behind_backward - backward))
         exposed += from_host  # the updated weights come back after the CPU's step
-    return StepTime(strategy, compute, total, exposed, run.tokens_per_step, run.num_gpus)
+    # Tensor parallel's collectives sit between a layer's matmuls: nothing hides them.
+    tp = k * (tensor_parallel_seconds(run, spec) + tensor_parallel_seconds(run, spec, True))
+    name = f"{strategy}+tp{t}" if t > 1 else strategy
+    return StepTime(name, compute, total + tp, exposed + tp, run.tokens_per_step, run.num_gpus)
 
 
 def run_cost(
@@ -397,4 +461,18 @@ def assumptions(run: TrainingRun, spec: GPUSpec, mfu: float | None = None) -> li
     ]
     if run.precision == "fp32":
         lines.append("fp32: matmuls as TF32 at half the bf16 peak")
+    if run.tensor_parallel > 1:
+        lines.append(tensor_parallel_assumption(run))
     return lines
+
+
+def tensor_parallel_assumption(run: TrainingRun) -> str:
+    """What the model assumes of a tensor-parallel ``run``, in one line."""
+    t = run.tensor_parallel
+    return (
+        f"tensor parallel {t}: per block, attention and MLP each all-reduce the b x s x h "
+        f"activations over {t} GPUs of a node (sequence parallel: all-gather + reduce-scatter) "
+        "in forward, twice that in backward, none of it hidden; each GPU computes 1/"
+        f"{t} of its group's micro-batch at the same MFU; FSDP moves 1/{t} of the parameters "
+        f"over the {run.data_parallel} data-parallel groups"
+    )

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_training.commands._sizing_inputs import (
     bounded_float,
@@ -26,6 +26,9 @@ from gpu_training.commands._sizing_inputs import (
     parse_number,
 )
 from gpu_training.hardware import DEFAULT_MFU, GPU_TYPES, MFU_SOURCE, GPUSpec
+
+if TYPE_CHECKING:
+    from gpu_training.cost import TrainingRun
 
 __all__ = ["CostRequest", "add_arguments", "cost_request", "cost_section", "render", "write_plot"]
 
@@ -176,14 +179,24 @@ def cost_section(
     activation_checkpointing: bool,
     fits: Mapping[str, bool],
     gpu_memory: int,
+    two_d: TrainingRun | None = None,
+    two_d_fits: bool = False,
 ) -> dict[str, Any]:
-    """The time-and-cost part of the plan's JSON: one entry per strategy in ``fits``.
+    """The time-and-cost part of the plan's JSON: one entry per strategy in ``fits``, and
+    one for the 2-D layout ``two_d`` (FSDP + tensor parallel, at its own batch) when given.
 
     Raises:
         UsageError: ``--tokens`` for a model whose task says nothing of tokens per sample.
     """
     from gpu_training.cli import UsageError
-    from gpu_training.cost import TrainingRun, assumptions, peak_flops, run_cost, step_time
+    from gpu_training.cost import (
+        TrainingRun,
+        assumptions,
+        peak_flops,
+        run_cost,
+        step_time,
+        tensor_parallel_assumption,
+    )
 
     spec = request.spec
     notes = []
@@ -215,9 +228,11 @@ def cost_section(
         activation_checkpointing=activation_checkpointing,
     )
     priced = request.tokens is not None or request.steps is not None
+    steps = [(step_time(run, spec, name), fit) for name, fit in fits.items()]
+    if two_d is not None:
+        steps.append((step_time(two_d, spec, "fsdp"), two_d_fits))
     strategies: dict[str, Any] = {}
-    for name, fit in fits.items():
-        step = step_time(run, spec, name)
+    for step, fit in steps:
         row: dict[str, Any] = {
             "compute_s": step.compute_s,
             "communication_s": step.communication_s,
@@ -241,7 +256,12 @@ def cost_section(
                 gpu_hours=total.gpu_hours,
                 dollars=total.dollars,
             )
-        strategies[name] = row
+        strategies[step.strategy] = row
+    if two_d is not None and two_d.tokens_per_step != run.tokens_per_step:
+        notes.append(f"{steps[-1][0].strategy}: {two_d.tokens_per_step:,} tokens per step")
+    lines = assumptions(run, spec)
+    if two_d is not None:
+        lines.append(tensor_parallel_assumption(two_d))
     return {
         "gpu_type": request.gpu_type,
         "hardware": spec.to_dict(),
@@ -257,7 +277,7 @@ def cost_section(
         "tokens": request.tokens,
         "steps": request.steps,
         "strategies": strategies,
-        "assumptions": assumptions(run, spec),
+        "assumptions": lines,
         "notes": notes,
     }
 

@@ -108,10 +108,17 @@ class BatchPlan:
 
 
 def plan_batch(
-    subject: Subject, args: argparse.Namespace, layout: str, checkpointing: bool
+    subject: Subject,
+    args: argparse.Namespace,
+    layout: str,
+    checkpointing: bool,
+    tensor_parallel: int = 1,
 ) -> BatchPlan:
     """The largest per-device batch that fits with the margin (or ``--micro-batch``), split
     so that it divides the global batch's per-GPU share.
+
+    With ``tensor_parallel=t`` the share and the batch are a data-parallel group's: its
+    ``t`` GPUs train the same samples, so the global batch splits over ``--gpus / t``.
 
     Raises:
         UsageError: When ``--global-batch`` or ``--micro-batch`` do not split over the GPUs.
@@ -125,14 +132,16 @@ def plan_batch(
     from gpu_training.cli import UsageError
     from gpu_training.config import global_batch_split_message
 
-    n = args.gpus
+    n = args.gpus // tensor_parallel  # data-parallel groups
+    share = "per-GPU share" if tensor_parallel == 1 else "per-group share"
     margin = args.safety_margin
     global_batch = args.global_batch
     if global_batch is None and subject.job is not None:
         global_batch = subject.job.training.global_batch_size
     if global_batch is not None and global_batch % n:
+        where = f"--gpus {n}" if tensor_parallel == 1 else f"the {n} data-parallel groups"
         raise UsageError(
-            f"plan: --global-batch {global_batch} is not a multiple of --gpus {n}: "
+            f"plan: --global-batch {global_batch} is not a multiple of {where}: "
             f"{global_batch_split_message(global_batch, 1, n)}"
         )
     per_rank = global_batch // n if global_batch is not None else None
@@ -141,9 +150,10 @@ def plan_batch(
         est = subject.profile.estimate(
             batch,
             strategy=layout,
-            world_size=n,
+            world_size=args.gpus,
             activation_checkpointing=checkpointing,
             overhead_bytes=args.overhead,
+            tensor_parallel=tensor_parallel,
         )
         return est.total <= args.gpu_memory
 
@@ -163,7 +173,7 @@ def plan_batch(
         micro = args.micro_batch
         if per_rank is not None and per_rank % micro:
             raise UsageError(
-                f"plan: --micro-batch {micro} does not divide the per-GPU share {per_rank} of "
+                f"plan: --micro-batch {micro} does not divide the {share} {per_rank} of "
                 f"--global-batch {global_batch}: {global_batch_split_message(global_batch, micro, n)}"
             )
         note = "per-device batch as given"
@@ -179,10 +189,10 @@ def plan_batch(
     else:
         micro = per_device_batch_for_share(per_rank, found.recommended)
         if micro == per_rank:
-            note = f"the whole per-GPU share of {per_rank} fits with the {margin:g} margin"
+            note = f"the whole {share} of {per_rank} fits with the {margin:g} margin"
         else:
             note = (
-                f"the per-GPU share of {per_rank} does not fit with the {margin:g} margin: "
+                f"the {share} of {per_rank} does not fit with the {margin:g} margin: "
                 f"largest per-device batch that fits: {found.best_fitting}; {margin:g} margin "
                 f"-> {found.recommended}; {micro} divides the share"
             )
@@ -235,11 +245,14 @@ def launch_commands(
     layout: str,
     checkpointing: bool,
     batch: BatchPlan,
+    tensor_parallel: int = 1,
 ) -> Launch:
     """The job's ``strategy`` section and the command (per node) that trains the plan."""
     from gpu_training.launcher import multi_node_commands, single_node_command
 
     strategy = dict(_LAUNCH_STRATEGY[layout])
+    if tensor_parallel > 1:
+        strategy["tensor_parallel"] = tensor_parallel
     if checkpointing:
         strategy["activation_checkpointing"] = True
     per_node = args.gpus_per_node or min(args.gpus, 8)

@@ -64,23 +64,38 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
             "(totals are the step's peak: activations are freed as gradients appear, so the "
             "parts can add up to more)"
         )
+    rec = r["recommended"]
+    tp = r["tensor_parallel"]
+    if tp is not None:
+        row = r["candidates"][tp["name"]]
+        lines.append(
+            f"({tp['name']}: at per-device batch {row['per_device_batch']} of each group of "
+            f"{tp['name'].rsplit('tp', 1)[1]} GPUs, which share its samples; activation "
+            f"checkpointing {'on' if row['activation_checkpointing'] else 'off'})"
+        )
     if r["time"] is not None:
         lines += ["", *_plan_cost.render(r["time"])]
-    rec = r["recommended"]
     name = {"none": "single GPU", "ddp": "DDP", "fsdp": "FSDP"}.get(rec["strategy"])
     if name is None:
         name = f"DeepSpeed ZeRO-{rec['zero_stage']} + CPU offload of the {rec['offload']}"
-    extra = " + activation checkpointing" if r["activation_checkpointing"] else ""
+    if rec["tensor_parallel"] > 1:
+        name += f" + tensor parallel {rec['tensor_parallel']} (2-D)"
+    extra = " + activation checkpointing" if rec["activation_checkpointing"] else ""
     fits = "" if rec["fits"] else "  (does NOT fit)"
     lines += [
         "",
         f"recommended: {name}{extra}{fits}",
         f"  decided at per-device batch {r['decision_batch']}: {rec['reason']}",
     ]
+    if tp is not None and not rec["tensor_parallel"] > 1:
+        lines.append(f"  not recommended: {tp['reason']}")
     b = r["batch"]
+    groups = f"{r['gpus']} GPUs"
+    if rec["tensor_parallel"] > 1:
+        groups = f"{b['data_parallel']} groups of {rec['tensor_parallel']} GPUs"
     lines.append(
         f"batch: per-device {b['per_device']} x accumulation {b['gradient_accumulation_steps']} "
-        f"x {r['gpus']} GPUs = global {b['global']} ({b['note']})"
+        f"x {groups} = global {b['global']} ({b['note']})"
     )
     lr = r["learning_rate"]
     if lr is not None:

@@ -18,7 +18,7 @@ from gpu_training.commands._sizing_inputs import batch_factory
 
 if TYPE_CHECKING:
     from gpu_training.job import JobConfig
-    from gpu_training.memory import MemoryProfile
+    from gpu_training.memory import MemoryProfile, TransformerShape
 
 __all__ = ["Subject", "measure_subject"]
 
@@ -42,6 +42,8 @@ class Subject:
     """Training FLOPs per token, for the time and cost (None: the task gives none)."""
     flops_source: str = ""
     tokens_per_sample: int | None = None
+    shape: TransformerShape | None = None
+    """For a transformer shape: its layers, heads and widths (what tensor parallel splits)."""
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -92,6 +94,7 @@ def measure_subject(args: argparse.Namespace) -> Subject:
                 precision=precision,
                 optimizer=optimizer,
                 device="cuda",
+                fused=not args.foreach_optimizer,
             )
         except MemoryBudgetError as err:
             raise UsageError(f"plan: {err}") from None
@@ -109,6 +112,7 @@ def measure_subject(args: argparse.Namespace) -> Subject:
             flops_per_token=shape_flops_per_token(shape, profile.num_params),
             flops_source="6N + 12LHQT of the shape (N without the embedding lookups)",
             tokens_per_sample=shape.seq_len,
+            shape=shape,
         )
     if shape_flags or args.params is not None:
         raise UsageError(
@@ -156,6 +160,7 @@ def measure_subject(args: argparse.Namespace) -> Subject:
             precision=precision,
             optimizer=optimizer,
             device="cuda",
+            fused=not args.foreach_optimizer,
         )
     except MemoryBudgetError as err:
         raise UsageError(f"plan: {err}") from None

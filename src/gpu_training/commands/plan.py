@@ -13,6 +13,11 @@ With the hardware and the amount to train (``--gpu-type h100 --tokens 1e10``) it
 the step time, tokens/s, hours and dollars of every strategy beside the memory table
 (:mod:`gpu_training.commands._plan_cost`, the model in :mod:`gpu_training.cost`).
 
+For a transformer shape on several GPUs per node it also sizes the 2-D layout, FSDP across
+nodes and tensor parallel inside one (``strategy: {name: fsdp, tensor_parallel: T}``), and
+recommends it when FSDP alone does not fit without offload, or steps slower
+(:mod:`~gpu_training.commands._plan_tensor_parallel`).
+
 This module is the command line and the run; its parts are
 :mod:`~gpu_training.commands._plan_subject` (what is measured),
 :mod:`~gpu_training.commands._plan_recommend` (strategy, batch, learning rate, launch) and
@@ -41,6 +46,7 @@ from gpu_training.commands._plan_recommend import (
 )
 from gpu_training.commands._plan_render import render
 from gpu_training.commands._plan_subject import measure_subject
+from gpu_training.commands._plan_tensor_parallel import tensor_parallel_option
 
 # parse_size is public here too: users and tests import it from this module.
 from gpu_training.commands._sizing_inputs import (
@@ -92,7 +98,8 @@ def register(subparsers: Any) -> None:
         help="what fits in GPU memory, which strategy, batch, LR and launch command",
         description=(
             "Measure a model's memory (activations on fake tensors: no GPU, no compute), lay "
-            "it out per GPU for DDP, ZeRO-1/2, FSDP and ZeRO-3 + CPU offload, and recommend a "
+            "it out per GPU for DDP, ZeRO-1/2, FSDP, ZeRO-3 + CPU offload and, for a "
+            "transformer shape, FSDP + tensor parallel, and recommend a "
             "strategy (the guide's decision tree), a per-device batch and accumulation for the "
             "global batch, the scaled learning rate and the launch command."
         ),
@@ -136,10 +143,24 @@ def register(subparsers: Any) -> None:
     )
     hw.add_argument("--gpus", type=gpus, default=1, metavar="N", help="GPUs in all")
     hw.add_argument("--gpus-per-node", type=gpus, metavar="N", help="default min(N, 8)")
+    hw.add_argument(
+        "--tensor-parallel",
+        type=gpus,
+        metavar="T",
+        help="plan FSDP + tensor parallel over T GPUs of a node (1: never; default: when "
+        "FSDP alone does not fit without offload, or steps slower; a transformer shape only)",
+    )
     hw.add_argument("--global-batch", type=batch, metavar="G", help="samples per step")
     hw.add_argument("--micro-batch", type=batch, metavar="B", help="per-device batch")
     hw.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"))
     hw.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd_momentum"))
+    hw.add_argument(
+        "--foreach-optimizer",
+        action="store_true",
+        help="plan a loop whose optimizer is torch's foreach default on CUDA (scratch the size "
+        "of the parameter shard during the step); default: fused, in place, as the Trainer's "
+        "AdamW on CUDA (and torchtitan's)",
+    )
     hw.add_argument("--activation-checkpointing", choices=("auto", "on", "off"), default="auto")
     hw.add_argument("--lr", type=parse_positive_float, metavar="LR", help="learning rate as tuned")
     hw.add_argument("--base-batch", type=batch, metavar="N", help="batch it was tuned at")
@@ -192,6 +213,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     choice, checkpointing = min(choices, key=lambda c: (preference(c[0]), c[1]))
     layout = layout_of(choice)
     batch = plan_batch(subject, args, layout, checkpointing)
+    table_batch, table_checkpointing = batch, checkpointing  # the 1-D rows' batch
     table = {
         c: p.estimate(
             batch.micro,
@@ -202,8 +224,45 @@ def _run_plan(args: argparse.Namespace) -> int:
         )
         for c in CANDIDATES
     }
+    tp = tensor_parallel_option(subject, args, choice, checkpointing, batch, cost)
+    rows: dict[str, dict[str, Any]] = {
+        c: {**e.breakdown(), "fits": e.fits(args.gpu_memory)} for c, e in table.items()
+    }
+    recommended: dict[str, Any] = {
+        "strategy": choice.strategy,
+        "zero_stage": choice.zero_stage,
+        "offload": choice.offload,
+        "layout": layout,
+        "fits": choice.fits,
+        "min_gpus_full_sharding": choice.min_gpus,
+        "reason": choice.reason,
+        "tensor_parallel": 1,
+        "activation_checkpointing": checkpointing,
+    }
+    if tp is not None:
+        rows[tp.name] = {
+            **tp.estimate.breakdown(),
+            "fits": tp.estimate.fits(args.gpu_memory),
+            "per_device_batch": tp.batch.micro,
+            "activation_checkpointing": tp.checkpointing,
+        }
+        if tp.recommended:
+            layout, checkpointing, batch = "fsdp", tp.checkpointing, tp.batch
+            recommended.update(
+                strategy="fsdp",
+                zero_stage=None,
+                offload="none",
+                layout=layout,
+                fits=tp.fits,
+                min_gpus_full_sharding=None,
+                reason=tp.reason,
+                tensor_parallel=tp.degree,
+                activation_checkpointing=checkpointing,
+            )
+    t = tp.degree if tp is not None and tp.recommended else 1
     lr = learning_rate(subject, args, batch.global_batch)
-    launch = launch_commands(subject, args, layout, checkpointing, batch)
+    launch = launch_commands(subject, args, layout, checkpointing, batch, t)
+    recommended["strategy_config"] = launch.strategy
     result = {
         "model": subject.description,
         "num_params": p.num_params,
@@ -214,26 +273,17 @@ def _run_plan(args: argparse.Namespace) -> int:
         "gpus": args.gpus,
         "gpu_memory_bytes": args.gpu_memory,
         "overhead_bytes": args.overhead,
-        "activation_checkpointing": checkpointing,
-        "micro_batch": batch.micro,
+        "activation_checkpointing": table_checkpointing,
+        "micro_batch": table_batch.micro,
         "decision_batch": probe,
-        "candidates": {
-            c: {**e.breakdown(), "fits": e.fits(args.gpu_memory)} for c, e in table.items()
-        },
-        "recommended": {
-            "strategy": choice.strategy,
-            "zero_stage": choice.zero_stage,
-            "offload": choice.offload,
-            "layout": layout,
-            "fits": choice.fits,
-            "min_gpus_full_sharding": choice.min_gpus,
-            "reason": choice.reason,
-            "strategy_config": launch.strategy,
-        },
+        "candidates": rows,
+        "recommended": recommended,
+        "tensor_parallel": None if tp is None else {"name": tp.name, "reason": tp.reason},
         "batch": {
             "per_device": batch.micro,
             "gradient_accumulation_steps": batch.accumulation,
             "global": batch.global_batch,
+            "data_parallel": args.gpus // t,
             "largest_fitting": batch.largest_fitting,
             "note": batch.note,
         },
@@ -250,14 +300,16 @@ def _run_plan(args: argparse.Namespace) -> int:
             flops_per_token=subject.flops_per_token,
             flops_source=subject.flops_source,
             tokens_per_sample=subject.tokens_per_sample,
-            micro_batch=batch.micro,
-            accumulation=batch.accumulation,
+            micro_batch=table_batch.micro,
+            accumulation=table_batch.accumulation,
             gpus=args.gpus,
             gpus_per_node=args.gpus_per_node,
             precision=p.precision,
-            activation_checkpointing=checkpointing,
-            fits={c: row["fits"] for c, row in result["candidates"].items()},
+            activation_checkpointing=table_checkpointing,
+            fits={c: rows[c]["fits"] for c in table},
             gpu_memory=args.gpu_memory,
+            two_d=None if tp is None else tp.run,
+            two_d_fits=rows[tp.name]["fits"] if tp is not None else False,
         )
     result["plot"] = _plan_cost.write_plot(args.plot, result) if args.plot else None
     if args.json:

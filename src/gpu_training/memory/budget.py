@@ -430,6 +430,9 @@ class MemoryEstimate:
     world_size: int = 1
     """GPUs the state is sharded over."""
 
+    tensor_parallel: int = 1
+    """GPUs each layer is split over (``fsdp`` with tensor parallel: FSDP over the rest)."""
+
     precision: str = "fp32"
     activation_checkpointing: bool = False
     num_params: int = 0

@@ -80,6 +80,7 @@ def profile_memory(
     device: str | torch.device | None = None,
     blocks: Sequence[nn.Module] | None = None,
     activation_checkpointing: bool | None = None,
+    fused: bool = False,
 ) -> MemoryProfile:
     """Measure a model, or a reference transformer of ``shape``, for :meth:`MemoryProfile.estimate`.
 
@@ -104,6 +105,8 @@ def profile_memory(
             :func:`~gpu_training.memory.measure.detect_blocks`).
         activation_checkpointing: Also measure with each block checkpointed (default: when
             blocks exist).
+        fused: Step the optimizer as ``fused=True`` does (in place, no scratch the size of the
+            parameters), as the Trainer does on CUDA; default: torch's default for the device.
 
     Returns:
         A :class:`MemoryProfile`.
@@ -122,7 +125,13 @@ def profile_memory(
             raise MemoryBudgetError(f"num_params must be an integer >= 1, got {num_params!r}")
         dev = torch.device(device if device is not None else "cuda")
         return _profile_shape(
-            shape, num_params, precision, optimizer.lower(), dev.type, activation_checkpointing
+            shape,
+            num_params,
+            precision,
+            optimizer.lower(),
+            dev.type,
+            activation_checkpointing,
+            fused,
         )
     assert model is not None
     if make_batch is None:
@@ -136,6 +145,7 @@ def profile_memory(
         device=_device_of_model(model, device),
         blocks=list(blocks) if blocks is not None else detect_blocks(model),
         activation_checkpointing=activation_checkpointing,
+        fused=fused,
     )
 
 
@@ -150,6 +160,7 @@ def _profile_model(
     blocks: list[nn.Module],
     activation_checkpointing: bool | None,
     notes: Sequence[str] = (),
+    fused: bool = False,
 ) -> MemoryProfile:
     notes = list(notes)
     precision = _resolve_precision(precision, device)
@@ -157,13 +168,16 @@ def _profile_model(
     if device.type == "cuda" and not torch.cuda.is_available():
         sim_device = torch.device("cpu")
         notes.append("measured with CPU kernels and autocast rules (no CUDA here)")
-    foreach = True if device.type == "cuda" else None
+    foreach = True if device.type == "cuda" and not fused else None
+    if fused:
+        notes.append("the optimizer steps fused (in place)")
     run: dict[str, Any] = {
         "loss_fn": loss_fn,
         "precision_dtype": _dtype(precision),
         "optimizer": optimizer,
         "device": sim_device,
         "foreach": foreach,
+        "fused": fused,
         "blocks": blocks,
         "scalars_on_host": device.type == "cuda",
     }
@@ -256,6 +270,7 @@ def _profile_shape(
     optimizer: str,
     device_type: str,
     activation_checkpointing: bool | None,
+    fused: bool = False,
 ) -> MemoryProfile:
     """A shape measured on a reference of (at most) two blocks, grown to its depth."""
     seq = shape.seq_len
@@ -275,6 +290,7 @@ def _profile_shape(
         blocks=list(model.get_submodule("blocks").children()),
         activation_checkpointing=activation_checkpointing,
         notes=(f"reference {shape.arch} transformer, vocab {shape.vocab_size}, seq {seq}",),
+        fused=fused,
     )
     extra = shape.num_layers - ref.num_blocks
     total = num_params if num_params is not None else shape.num_params()

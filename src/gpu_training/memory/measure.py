@@ -188,12 +188,17 @@ def _checkpointed(blocks: Sequence[nn.Module]) -> Iterator[None]:
 
 
 def build_optimizer(
-    name: str, params: Sequence[torch.Tensor], *, foreach: bool | None = None
+    name: str,
+    params: Sequence[torch.Tensor],
+    *,
+    foreach: bool | None = None,
+    fused: bool = False,
 ) -> torch.optim.Optimizer:
     """The torch optimizer a name from :data:`~gpu_training.memory.OPTIMIZER_STATE_BYTES` means.
 
     ``foreach=True`` is what torch picks on CUDA: one batched update over all parameters,
     which allocates scratch the size of all of them at once; the CPU default loops.
+    ``fused=True`` (the Trainer's AdamW on CUDA) updates in place: no such scratch.
 
     Raises:
         ValueError: For an unknown name.
@@ -201,10 +206,12 @@ def build_optimizer(
     key = name.lower()
     if key in ("adamw", "adam"):
         cls = torch.optim.AdamW if key == "adamw" else torch.optim.Adam
-        return cls(params, lr=1e-3, foreach=foreach)
+        return cls(params, lr=1e-3, foreach=foreach, fused=fused or None)
     if key in ("sgd", "sgd_momentum"):
         momentum = 0.9 if key == "sgd_momentum" else 0.0
-        return torch.optim.SGD(params, lr=1e-3, momentum=momentum, foreach=foreach)
+        return torch.optim.SGD(
+            params, lr=1e-3, momentum=momentum, foreach=foreach, fused=fused or None
+        )
     raise ValueError(f"unknown optimizer {name!r}; expected adamw, adam, sgd or sgd_momentum")
 
 
@@ -333,6 +340,7 @@ def profile_step(
     optimizer: str = "adamw",
     device: torch.device | str | None = None,
     foreach: bool | None = None,
+    fused: bool = False,
     blocks: Sequence[nn.Module] = (),
     checkpoint_blocks: bool = False,
     fake: bool = True,
@@ -358,6 +366,7 @@ def profile_step(
         optimizer: Optimizer name (see :func:`build_optimizer`).
         device: Device the step runs on (default: the model's; CPU for a meta model).
         foreach: Optimizer implementation (None: torch's default for the device).
+        fused: The fused optimizer instead (``foreach`` then None).
         blocks: Repeated blocks to attribute saved bytes to (see :func:`detect_blocks`).
         checkpoint_blocks: Run each block under activation checkpointing.
         fake: Measure on fake tensors (True) or run the real forward and backward.
@@ -437,7 +446,7 @@ def profile_step(
                     if fake:
                         tracker.reset_peak()
                         torch.nn.utils.clip_grad_norm_(params, 1.0)
-                        opt = build_optimizer(optimizer, params, foreach=foreach)
+                        opt = build_optimizer(optimizer, params, foreach=foreach, fused=fused)
                         opt.step()
                         sample.optimizer_peak = tracker.peak_total
                         # Adam's step counters stay on the CPU unless capturable: not GPU memory.

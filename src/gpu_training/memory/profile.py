@@ -31,7 +31,12 @@ _SHARDED_WEIGHTS = ("fsdp", "zero3", "zero3_offload")
 
 
 def _backward_peak(
-    a: StepSample, b: StepSample, batch: int, grad_divisor: int, extra_blocks: int = 0
+    a: StepSample,
+    b: StepSample,
+    batch: int,
+    grad_divisor: int,
+    extra_blocks: int = 0,
+    alive_divisor: int = 1,
 ) -> int:
     """Peak bytes of forward + backward at ``batch``: the worst moment of the two traces.
 
@@ -39,6 +44,7 @@ def _backward_peak(
     the peak is their maximum, and the moment that wins can change with the batch (a small
     batch peaks where a large one does not), which a line through two peaks would miss.
     With ``extra_blocks``, the last block's forward and backward repeat that many times.
+    ``alive_divisor`` shares every non-gradient tensor out (tensor + sequence parallel).
     """
     if not a.trace or len(a.trace) != len(b.trace):
         # Different operator sequences (a batch-dependent kernel choice): a line through peaks.
@@ -46,9 +52,12 @@ def _backward_peak(
         then = _line(
             a.grads_at_backward_peak, b.grads_at_backward_peak, a.batch_size, b.batch_size, batch
         )
-        return peak + math.ceil(then / grad_divisor)
+        return math.ceil(peak / alive_divisor) + math.ceil(then / grad_divisor)
     f = (batch - a.batch_size) / (b.batch_size - a.batch_size)
-    alive = [ca + (cb - ca) * f for (ca, _), (cb, _) in zip(a.trace, b.trace, strict=True)]
+    alive = [
+        (ca + (cb - ca) * f) / alive_divisor
+        for (ca, _), (cb, _) in zip(a.trace, b.trace, strict=True)
+    ]
     held = [
         (ha + (hb - ha) * f) / grad_divisor
         for (_, ha), (_, hb) in zip(a.trace, b.trace, strict=True)
@@ -151,8 +160,17 @@ class MemoryProfile:
         world_size: int = 1,
         activation_checkpointing: bool = False,
         overhead_bytes: int | None = None,
+        tensor_parallel: int = 1,
     ) -> MemoryEstimate:
         """Bytes per GPU at ``batch_size`` under a strategy.
+
+        With ``tensor_parallel=t`` (``fsdp`` only) the layout is 2-D, as torchtitan's: tensor
+        parallel over ``t`` GPUs with sequence parallel, FSDP over the ``world_size / t``
+        data-parallel groups. The model state is sharded ``t x world_size / t`` ways (as
+        FSDP's over ``world_size``), and everything the micro-batch creates (activations,
+        transients, FSDP's gathered units) is split ``t`` ways: Korthikanti et al. 2022's
+        ``sbh(34 + 5as/h) / t`` per layer, the embedding and loss parallel too. ``batch_size``
+        is then a data-parallel group's, which its ``t`` GPUs share.
 
         Args:
             batch_size: Micro-batch per GPU.
@@ -163,6 +181,7 @@ class MemoryProfile:
             world_size: GPUs sharing the state.
             activation_checkpointing: Recompute each block in backward.
             overhead_bytes: CUDA context and slack (default 500 MiB on CUDA, 0 on the CPU).
+            tensor_parallel: GPUs a layer is split over (1: none); divides ``world_size``.
 
         Returns:
             A :class:`~gpu_training.memory.MemoryEstimate`.
@@ -173,15 +192,21 @@ class MemoryProfile:
         """
         check_int_argument("batch_size", batch_size, error=MemoryBudgetError)
         check_int_argument("world_size", world_size, error=MemoryBudgetError)
+        check_int_argument("tensor_parallel", tensor_parallel, error=MemoryBudgetError)
         layout = parse_layout(strategy, zero_stage, offload)
-        n = world_size
+        n, t = world_size, tensor_parallel
+        if t > 1 and (layout != "fsdp" or n % t):
+            raise MemoryBudgetError(
+                f"tensor_parallel {t} needs the fsdp layout and a world_size it divides, "
+                f"got {layout} over {n}"
+            )
         half = self.precision in ("bf16", "fp16")
         # FSDP and DeepSpeed compute with 16-bit copies of the weights, not under autocast.
         sixteen_bit = half and layout not in ("none", "ddp")
         a, b = self._pair(activation_checkpointing, sixteen_bit)
         at = lambda f: _line(getattr(a, f), getattr(b, f), a.batch_size, b.batch_size, batch_size)  # noqa: E731
         acts = at("saved_outside_blocks" if activation_checkpointing else "saved")
-        inputs = at("inputs")
+        inputs = at("inputs")  # every GPU of a tensor-parallel group reads the whole batch
         scratch = optimizer_scratch_bytes(
             self.samples[-1]
         )  # the optimizer steps on fp32 weights either way
@@ -208,7 +233,9 @@ class MemoryProfile:
         # Activations, transients and the gradients so far, at the worst moment of backward
         # (sharded layouts reduce-scatter each gradient as soon as it is complete).
         divisor = n if layout in _SHARDED_GRADS else 1
-        backward = max(0, _backward_peak(a, b, batch_size, divisor, self.extra_blocks) - copies)
+        backward = _backward_peak(a, b, batch_size, divisor, self.extra_blocks, t)
+        backward = max(0, backward - math.ceil(copies / t))
+        acts = math.ceil(acts / t)
         if layout == "zero3_offload":
             scratch = 0  # the optimizer steps on the CPU
         elif shard[2] > 1:
@@ -220,6 +247,7 @@ class MemoryProfile:
             # FSDP keeps the root unit gathered through forward and prefetches the next block;
             # a block's unsharded gradient waits (in fp32) for its reduce-scatter.
             extra = unit_bytes * (root + 2 * self.block_params) + 4 * self.block_params
+            extra = math.ceil(extra / t)  # a group gathers its tensor-parallel shard only
         elif layout in ("zero1", "zero2") and n > 1:
             elems = self.hidden_size**2 if self.hidden_size else _DEEPSPEED_BUCKET_ELEMS
             extra = 2 * min(self.trainable_params, elems) * (2 if half else 4)
@@ -248,6 +276,7 @@ class MemoryProfile:
             batch_size=batch_size,
             strategy=layout,
             world_size=n,
+            tensor_parallel=t,
             precision=self.precision,
             activation_checkpointing=activation_checkpointing,
             num_params=self.num_params,

@@ -1,0 +1,237 @@
+"""``gpu-training plan``'s 2-D layout: FSDP across nodes, tensor parallel inside a node.
+
+:func:`tensor_parallel_option` sizes ``strategy: {name: fsdp, tensor_parallel: t}`` for a
+transformer shape: its memory per GPU (:meth:`~gpu_training.memory.MemoryProfile.estimate`
+with ``tensor_parallel``), its batch (a data-parallel group's) and, with the hardware, its
+step time (:func:`gpu_training.cost.step_time`). It is recommended when FSDP alone does not
+fit without offload and it does, or when FSDP fits and the 2-D step is faster. ``t`` divides
+the GPUs per node (its all-reduces need the node's links), the heads, the KV heads, the
+hidden size and the MLP width; ``--tensor-parallel t`` asks for one, and a ``t`` that cannot
+be is refused in one line. Private to :mod:`gpu_training.commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpu_training.commands._plan_cost import CostRequest
+from gpu_training.commands._plan_recommend import BatchPlan, layout_of, plan_batch, preference
+from gpu_training.commands._plan_subject import Subject
+
+if TYPE_CHECKING:
+    from gpu_training.cost import StepTime, TrainingRun
+    from gpu_training.memory import MemoryEstimate, TransformerShape
+    from gpu_training.strategy import StrategyChoice
+
+__all__ = ["TensorParallelOption", "degrees", "tensor_parallel_option"]
+
+
+@dataclass(frozen=True)
+class TensorParallelOption:
+    """The 2-D layout sized for the plan: its degree, batch, memory and time."""
+
+    degree: int
+    """GPUs of a node each layer is split over."""
+    data_parallel: int
+    """Groups FSDP shards over (``--gpus / degree``)."""
+    checkpointing: bool
+    batch: BatchPlan
+    """A data-parallel group's batch (its ``degree`` GPUs share each sample)."""
+    estimate: MemoryEstimate
+    """Memory per GPU at :attr:`batch`'s per-device batch."""
+    fits: bool
+    """At the decision batch (``--micro-batch`` or 1), as the 1-D choice is decided."""
+    run: TrainingRun | None
+    """What the time model prices (None without the hardware)."""
+    step: StepTime | None
+    """The step at :attr:`batch` (None without the hardware)."""
+    recommended: bool
+    reason: str
+
+    @property
+    def name(self) -> str:
+        """The memory and time tables' row: ``fsdp+tp8``."""
+        return f"fsdp+tp{self.degree}"
+
+
+def _constraints(shape: TransformerShape, per_node: int, gpus: int) -> dict[str, int]:
+    return {
+        "GPUs per node": per_node,
+        "GPUs": gpus,
+        "attention heads": shape.heads,
+        "KV heads": shape.kv_heads,
+        "hidden size": shape.hidden_size,
+        "MLP width": shape.ffn,
+    }
+
+
+def degrees(shape: TransformerShape, per_node: int, gpus: int) -> list[int]:
+    """Every tensor-parallel degree above 1 the shape and the nodes allow, smallest first.
+
+    Example:
+        >>> from gpu_training.memory import TransformerShape
+        >>> degrees(TransformerShape(80, 8192, 4096, num_heads=64, num_kv_heads=8), 8, 16)
+        [2, 4, 8]
+        >>> degrees(TransformerShape(48, 1600, 1024, num_heads=25), 8, 8)
+        []
+    """
+    limits = _constraints(shape, per_node, gpus).values()
+    return [t for t in range(2, per_node + 1) if all(v % t == 0 for v in limits)]
+
+
+def _check_requested(t: int, shape: TransformerShape | None, per_node: int, gpus: int) -> None:
+    from gpu_training.cli import UsageError
+
+    if shape is None:
+        raise UsageError(
+            f"plan: --tensor-parallel {t}: the layers to split are known for a transformer "
+            "shape only (--layers/--hidden, with --heads, --kv-heads, --ffn as known)"
+        )
+    if per_node % t:
+        raise UsageError(
+            f"plan: --tensor-parallel {t}: tensor parallelism never spans nodes (its "
+            f"all-reduces need the node's links): it must divide the GPUs per node ({per_node})"
+        )
+    for what, value in _constraints(shape, per_node, gpus).items():
+        if value % t:
+            raise UsageError(f"plan: --tensor-parallel {t}: it must divide the {what} ({value})")
+
+
+def tensor_parallel_option(
+    subject: Subject,
+    args: argparse.Namespace,
+    choice: StrategyChoice,
+    checkpointing: bool,
+    batch: BatchPlan,
+    cost: CostRequest | None,
+) -> TensorParallelOption | None:
+    """The 2-D layout to show beside the 1-D ``choice`` (at ``batch``), or None.
+
+    None when the plan has nothing to say about it: ``--tensor-parallel 1``, a model that is
+    not a shape, no degree the shape and nodes allow, or a 1-D choice that fits without
+    offload and is not slower (or there is no hardware to time the two).
+
+    Raises:
+        UsageError: ``--tensor-parallel t`` that cannot be (named in one line).
+    """
+    from gpu_training.memory import format_bytes
+
+    n, requested = args.gpus, args.tensor_parallel
+    per_node = args.gpus_per_node or min(n, 8)
+    if requested is not None:
+        if requested == 1:
+            return None
+        _check_requested(requested, subject.shape, per_node, n)
+    if subject.shape is None:
+        return None
+    allowed = [requested] if requested is not None else degrees(subject.shape, per_node, n)
+    one_d_fits = preference(choice) <= 1  # none, DDP or FSDP, fitting: no offload
+    if not allowed or (requested is None and one_d_fits and cost is None):
+        return None
+    probe = args.micro_batch or 1
+    modes = (False, True) if subject.profile.checkpoint_samples is not None else (False,)
+
+    def estimate(t: int, ckpt: bool, micro: int) -> MemoryEstimate:
+        return subject.profile.estimate(
+            micro,
+            strategy="fsdp",
+            world_size=n,
+            activation_checkpointing=ckpt,
+            overhead_bytes=args.overhead,
+            tensor_parallel=t,
+        )
+
+    # Least tensor parallel first, then without checkpointing (as the 1-D tree prefers).
+    tried = [(t, ckpt) for t in allowed for ckpt in modes]
+    fitting = [(t, c) for t, c in tried if estimate(t, c, probe).total <= args.gpu_memory]
+    sized = []
+    for t, ckpt in fitting or [tried[-1] if requested is None else (requested, modes[-1])]:
+        plan = plan_batch(subject, args, "fsdp", ckpt, tensor_parallel=t)
+        sized.append((t, ckpt, plan, _step(subject, args, cost, t, ckpt, plan)))
+    if cost is not None and fitting:  # the fastest that fits
+        t, ckpt, plan, step = max(sized, key=lambda s: s[3].tokens_per_s if s[3] else 0.0)
+    else:
+        t, ckpt, plan, step = sized[0]
+    fits = bool(fitting)
+    at = estimate(t, ckpt, plan.micro)
+    one_d = _step(subject, args, cost, 1, checkpointing, batch, layout_of(choice))
+    usable = args.gpu_memory - args.overhead
+    fmt = format_bytes
+    head = (
+        f"FSDP + tensor parallel {t} (TP inside each node, FSDP over {n // t} data-parallel "
+        f"group{'s' if n // t > 1 else ''}; {fmt(estimate(t, ckpt, probe).allocated)} per GPU"
+        f"{' with' if ckpt else ' without'} activation checkpointing)"
+    )
+    if requested is not None:
+        recommended, why = True, f"{head}, as asked"
+        if not fits:
+            why += f": does NOT fit in {fmt(usable)}"
+    elif not fits:
+        recommended, why = False, f"{head}: does not fit in {fmt(usable)} either"
+    elif not one_d_fits:
+        recommended = True
+        why = (
+            f"FSDP alone over {n} GPUs does not fit without offloading the optimizer "
+            f"({fmt(choice.per_gpu_bytes.get('fsdp', 0))} per GPU > {fmt(usable)}). {head} "
+            f"fits without offload: the state is sharded {n} ways as FSDP's, and tensor + "
+            f"sequence parallel split each sample's activations {t} ways"
+        )
+    else:
+        assert step is not None and one_d is not None  # one_d_fits without cost returned above
+        if step.tokens_per_s <= one_d.tokens_per_s:
+            return None  # the 1-D plan fits and is faster: nothing to add to it
+        recommended = True
+        why = (
+            f"{head} fits and steps faster than {one_d.strategy} alone: "
+            f"{step.tokens_per_s:,.0f} vs {one_d.tokens_per_s:,.0f} tokens/s"
+        )
+    run = _run(subject, args, cost, t, ckpt, plan)
+    return TensorParallelOption(t, n // t, ckpt, plan, at, fits, run, step, recommended, why)
+
+
+def _step(
+    subject: Subject,
+    args: argparse.Namespace,
+    cost: CostRequest | None,
+    t: int,
+    checkpointing: bool,
+    batch: BatchPlan,
+    strategy: str = "fsdp",
+) -> StepTime | None:
+    """The step time of ``strategy`` (``fsdp`` with tensor parallel ``t``) at ``batch``."""
+    from gpu_training.cost import step_time
+
+    run = _run(subject, args, cost, t, checkpointing, batch)
+    return None if run is None or cost is None else step_time(run, cost.spec, strategy)
+
+
+def _run(
+    subject: Subject,
+    args: argparse.Namespace,
+    cost: CostRequest | None,
+    t: int,
+    checkpointing: bool,
+    batch: BatchPlan,
+) -> TrainingRun | None:
+    from gpu_training.cost import TrainingRun
+
+    shape = subject.shape
+    if cost is None or shape is None or subject.flops_per_token is None:
+        return None
+    return TrainingRun(
+        num_params=subject.profile.num_params,
+        trainable_params=subject.profile.trainable_params,
+        flops_per_token=subject.flops_per_token,
+        tokens_per_sample=shape.seq_len,
+        micro_batch=batch.micro,
+        accumulation=batch.accumulation,
+        num_gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node or 0,
+        precision=subject.profile.precision,
+        activation_checkpointing=checkpointing,
+        tensor_parallel=t,
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+    )
