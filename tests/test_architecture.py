@@ -39,6 +39,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "tasks",
             "meta_device",
             "data",
+            "streaming",
+            "train_data",
             "step",
             "telemetry",
         ),

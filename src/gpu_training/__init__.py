@@ -57,6 +57,9 @@ _EXPORTS: dict[str, str] = {
     "GlobalBatchSampler": "data",
     "SamplerConfigError": "data",
     "global_batch_plan": "data",
+    "SampleStream": "streaming",
+    "StreamPosition": "streaming",
+    "build_train_data": "train_data",
     # rng / resume
     "seed_everything": "rng",
     "capture_rng_state": "rng",
@@ -191,5 +194,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from gpu_training.rng import capture_rng_state, restore_rng_state, seed_everything
     from gpu_training.schedule import linear_warmup_cosine_lr
+    from gpu_training.streaming import SampleStream, StreamPosition
     from gpu_training.telemetry import RankTelemetry, read_rank_logs, straggler
+    from gpu_training.train_data import build_train_data
     from gpu_training.trainer import Trainer

@@ -42,6 +42,7 @@ from gpu_training.dist_init import (
     resolve_device,
 )
 from gpu_training.process_group import cleanup_distributed, collective_device, process_group_up
+from gpu_training.streaming import StreamPosition
 
 if TYPE_CHECKING:
     from gpu_training.step import LossOutput
@@ -315,6 +316,8 @@ def _first_step(loader: Iterable[Any], sampler: Any, epoch: int, accum: int) -> 
         return epoch * sampler.steps_per_epoch + done_in_epoch
     if hasattr(loader, "__len__"):
         return epoch * (len(loader) // accum)  # type: ignore[arg-type]
+    if isinstance(sampler, StreamPosition):  # a stream's cursor: the steps done in its epoch
+        return (epoch << 32) + sampler.position
     return epoch << 32
 
 

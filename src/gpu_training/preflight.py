@@ -50,11 +50,12 @@ from gpu_training.checkpoint import (
     format_of,
     strip_wrapper_prefixes,
 )
-from gpu_training.config import ConfigError
+from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.job import JobConfig
 from gpu_training.resume import ResumeError, check_resumable, layout_change
 from gpu_training.strategy.job_check import check_job
 from gpu_training.tasks import BUILTIN_TASKS, Task
+from gpu_training.train_data import check_train_data
 
 __all__ = ["check_launch", "check_writable"]
 
@@ -90,7 +91,7 @@ def check_launch(
     except ConfigError as err:
         raise ConfigError(f"--nproc {nproc}: {err}", "training.global_batch_size") from None
     if job.task.name in BUILTIN_TASKS:  # cheap for the built-in data; a user's may not be
-        _check_data(task, cfg.effective_batch_size)
+        _check_data(task, cfg)
     # the output directory first: an unset checkpoint.dir lies under it, and the user set it
     check_writable(Path(job.run.output_dir), "run.output_dir")
     check_writable(job.checkpoint_dir, "checkpoint.dir")
@@ -136,15 +137,9 @@ def check_writable(path: Path, field: str) -> None:
         ) from None
 
 
-def _check_data(task: Task, global_batch: int) -> None:
+def _check_data(task: Task, cfg: TrainingConfig) -> None:
     train, _ = task.build_data()
-    size = len(train)  # type: ignore[arg-type]
-    if size < global_batch:
-        raise ConfigError(
-            f"field 'training.global_batch_size': the training set ({size} samples) holds no "
-            f"global batch of {global_batch}: lower training.global_batch_size",
-            "training.global_batch_size",
-        )
+    check_train_data(train, cfg)  # a stream reads nothing here: it needs max_steps
 
 
 def _check_resume(

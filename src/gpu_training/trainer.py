@@ -26,19 +26,17 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from gpu_training.amp import MixedPrecisionStepper, nonfinite_warning, resolve_precision
 from gpu_training.checkpoint import CheckpointError, CheckpointManager
-from gpu_training.config import ConfigError, TrainingConfig
-from gpu_training.data import GlobalBatchSampler
+from gpu_training.config import TrainingConfig
 from gpu_training.ddp import (
     DistributedContext,
     cleanup_distributed,
@@ -76,6 +74,7 @@ from gpu_training.tasks import Task, build_task, count_scored, task_checkpoint_e
 from gpu_training.telemetry import TelemetryOff, open_telemetry
 from gpu_training.throughput import ThroughputMeter, mfu_note
 from gpu_training.trackers import tracker_params
+from gpu_training.train_data import DataPosition, build_train_data
 from gpu_training.watchdog import StallWatchdog
 
 __all__ = ["Callback", "Trainer", "TrainerState", "build_task", "check_job"]
@@ -131,8 +130,8 @@ class _Run:
     prepared: Prepared
     """The wrapped model, optimizer and step functions; it saves and loads itself."""
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    sampler: GlobalBatchSampler
-    loader: DataLoader[Any]
+    sampler: DataPosition  # a sampler's epoch and position, or a stream's cursor
+    loader: Iterable[Any]
     generators: dict[str, torch.Generator]
     """Private generators whose state checkpoints carry (the loader's)."""
     val: EvalShard | None
@@ -317,18 +316,9 @@ class Trainer:
         seed_everything(cfg.seed)  # identical initial weights on every rank
         model = task.build_model().to(device)
         train_ds, val_ds = task.build_data()
-        sampler = GlobalBatchSampler(
-            len(train_ds),  # type: ignore[arg-type]
-            cfg.effective_batch_size,
-            cfg.per_device_batch_size,
-            ctx,
-            seed=cfg.seed,
-        )
-        # A private generator: each iter(DataLoader) must not draw from the global RNG.
-        loader_gen = torch.Generator().manual_seed(cfg.seed)
-        loader = DataLoader(
-            train_ds, batch_sampler=sampler, generator=loader_gen, pin_memory=device.type == "cuda"
-        )
+        data = build_train_data(
+            train_ds, cfg, ctx, workers=task.loader_workers, pin_memory=device.type == "cuda"
+        )  # map-style or a stream
         val = None
         if val_ds is not None and len(val_ds) > 0:  # type: ignore[arg-type]
             # run.eval_batches counts global batches: the same samples on any world size
@@ -339,14 +329,7 @@ class Trainer:
                 cfg.per_device_batch_size,
                 None if limit is None else limit * cfg.effective_batch_size,
             )
-        total = cfg.total_steps(len(train_ds))  # type: ignore[arg-type]
-        if total < 1:
-            raise ConfigError(
-                f"field 'training.global_batch_size': the training set ({len(train_ds)} "  # type: ignore[arg-type]
-                f"samples) holds no global batch of {cfg.effective_batch_size}: lower "
-                "training.global_batch_size",
-                "training.global_batch_size",
-            )
+        total = data.total
 
         prepared = self._prepare(model, device, cfg, total)
         scheduler = linear_warmup_cosine_lr(
@@ -370,9 +353,9 @@ class Trainer:
             precision=precision,
             prepared=prepared,
             scheduler=scheduler,
-            sampler=sampler,
-            loader=loader,
-            generators={"loader": loader_gen},
+            sampler=data.position,
+            loader=data.loader,
+            generators=data.generators,
             val=val,
             ckpt=ckpt,
             total=total,

@@ -54,16 +54,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from gpu_training.config import ConfigError
 from gpu_training.meta_device import meta_device
+from gpu_training.streaming import SampleStream
 from gpu_training.tasks.losses import (
     IGNORE_INDEX,
     count_scored,
     cross_entropy_loss,
     cross_entropy_sum,
 )
+from gpu_training.tasks.streams import char_stream
 
 if TYPE_CHECKING:
     from gpu_training.job import JobConfig
@@ -121,7 +123,8 @@ class Task:
     """Returns a freshly initialised model (on the CPU; the Trainer moves and wraps it)."""
 
     build_data: Callable[[], DataPair]
-    """Returns ``(train, val)`` map-style datasets of ``(inputs, targets)``; ``val`` may be None."""
+    """Returns ``(train, val)`` map-style datasets of ``(inputs, targets)``; ``val`` may be None.
+    ``train`` may be a stream (:mod:`gpu_training.streaming`)."""
 
     loss_fn: Callable[[Tensor, Tensor], Any]
     """``loss_fn(model(inputs), targets)``: a 0-d tensor, the mean over the micro-batch — or
@@ -148,6 +151,9 @@ class Task:
 
     flops_per_token: int | None = None
     """Training FLOPs per token (``6N + 12·L·H·Q·T``): the Trainer then logs MFU on GPUs."""
+
+    loader_workers: int = 0
+    """DataLoader worker processes for a training stream (:mod:`gpu_training.streaming`)."""
 
     checkpoint_extra: Callable[[nn.Module], dict[str, Any]] | None = None
     """Plain data (numbers, strings, tensors, lists and dicts of them) the Trainer adds to
@@ -356,6 +362,8 @@ def task_from_imports(
         for split, dataset in (("train", train), ("val", val)):
             if split == "val" and dataset is None:
                 continue
+            if split == "train" and isinstance(dataset, IterableDataset | SampleStream):
+                continue  # a stream (docs/checkpointing.md#streaming-data)
             if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
                 raise TaskError(
                     f"data factory '{data}' returned {_a_type(dataset)} as the {split} "
@@ -417,11 +425,23 @@ def charlm_task(config: charlm.CharLMConfig | None = None) -> Task:
         f"characters, vocabulary {vocab}, context {cfg.block_size}); unigram baseline "
         f"{baseline:.3f} nats/char"
     )
+    train: Any = data.train
+    if cfg.stream is not None:  # read lazily, tokenized on the fly; padding is not scored
+        train = char_stream(
+            cfg.stream,
+            data.tokenizer,
+            cfg.block_size,
+            reader=cfg.stream_reader,
+            text_field=cfg.text_field,
+        )
+        describe += f"; training stream {cfg.stream} ({cfg.stream_reader})"
     return Task(
         name="charlm",
         build_model=lambda: charlm.CharTransformer(cfg, vocab),
-        build_data=lambda: (data.train, data.val),
+        build_data=lambda: (train, data.val),
         loss_fn=charlm.loss_fn,
+        loss_sum=cross_entropy_sum if cfg.stream is not None else None,
+        loader_workers=cfg.stream_workers,
         describe=describe,
         baseline=baseline,
         tokens_per_sample=cfg.block_size,

@@ -110,6 +110,19 @@ class CharLMConfig:
     """Rows of the embedding and LM head when more than the corpus's characters are wanted
     (a benchmark at GPT-2's shape pads to 50304); None: exactly the corpus's vocabulary."""
 
+    stream: str | None = None
+    """Train on a stream instead: a .jsonl/.txt/.parquet file or a directory of them, read
+    lazily, one sample per record, tokenized on the fly (validation stays the corpus's)."""
+
+    stream_reader: str = "files"
+    """How the stream is read: ``files`` (the toolkit's reader) or ``hf`` (``datasets``)."""
+
+    text_field: str = "text"
+    """JSONL/Parquet streams: the field holding a record's text."""
+
+    stream_workers: int = 0
+    """DataLoader worker processes that decode and tokenize the stream."""
+
     def __post_init__(self) -> None:
         for name in ("block_size", "n_layer", "n_head", "n_embd"):
             _check_positive_int(name, getattr(self, name))
@@ -130,6 +143,18 @@ class CharLMConfig:
                 raise ConfigError(
                     f"field '{name}': expected a number in {interval}, got {value}", name
                 )
+        if self.stream is not None and not isinstance(self.stream, str):
+            raise ConfigError(f"field 'stream': expected a path, got {self.stream!r}", "stream")
+        if self.stream_reader not in ("files", "hf"):
+            raise ConfigError(
+                f"field 'stream_reader': expected files or hf, got {self.stream_reader!r}",
+                "stream_reader",
+            )
+        w = self.stream_workers
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ConfigError(
+                f"field 'stream_workers': expected an integer >= 0, got {w!r}", "stream_workers"
+            )
         if not isinstance(self.bias, bool):
             raise ConfigError(f"field 'bias': expected true or false, got {self.bias!r}", "bias")
 
