@@ -8,13 +8,14 @@ EXTRAS ?= dev,monitor,plot,tensorboard,trackers,hf
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install slurm chromium test test-quick test-matrix test-gpu lint format demo bench bench-env bench-gpu clean
+.PHONY: help install slurm chromium test test-quick test-matrix test-tp test-gpu lint format demo bench bench-env bench-gpu clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
 	@echo "make test      run the whole test suite"
 	@echo "make test-quick the suite without the tests marked slow (the inner loop; CI runs all)"
 	@echo "make test-matrix every strategy and world size resumed by every other (~40 min on 2 cores)"
+	@echo "make test-tp     tensor parallel x FSDP2: parity, resumes across layouts, plans, HF Llama (~8 min)"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
 	@echo "make bench     checkpoint, loops (vs Accelerate, Fabric), Trainer, memory, batch-finder, start-up, trackers"
@@ -77,6 +78,12 @@ MATRIX_REPORT ?= runs/resume-matrix.jsonl
 test-matrix: $(VENV)/.installed
 	@mkdir -p $(dir $(MATRIX_REPORT)) && rm -f $(MATRIX_REPORT)
 	GT_RESUME_MATRIX=$(MATRIX_REPORT) $(PYTEST) -m matrix tests/test_resume_matrix.py tests/test_streaming.py --durations=15 $(PYTEST_ARGS)
+
+# Tensor parallel x FSDP2 (tests/test_tensor_parallel.py): make test runs its parity tests, the
+# negative control and one resume; this adds the rest (marked `matrix`): resumes across layouts
+# and back, ckpt consolidate, the user's plans, the Hugging Face Llama and its export.
+test-tp: $(VENV)/.installed
+	$(PYTEST) -m "matrix or not matrix" tests/test_tensor_parallel.py --durations=15 $(PYTEST_ARGS)
 
 ifeq ($(GPU_PYTHON),)
 test-gpu: $(VENV)/.installed

@@ -139,6 +139,11 @@ option-typo              | {task_options.n_layr: 1}                             
 task-typo                | {task: charlmm}                                          | charlmm; did you mean 'charlm'
 task-import-missing      | {task: {model: "nosuchpkg.m:build", data: "nosuchpkg.m:d"}} | nosuchpkg
 block-classes-typo       | {strategy.name: fsdp, strategy.block_classes: [Blok]}    | Blok
+tp-not-dividing          | {strategy.name: fsdp, strategy.tensor_parallel: 4}       | strategy.tensor_parallel; does not divide the world size (2 ranks)
+tp-without-fsdp          | {strategy.name: ddp, strategy.tensor_parallel: 2}        | strategy.tensor_parallel; runs under fsdp
+tp-no-plan               | {task: {model: "tp_jobs:planless_model", data: "masked_task:data"}, strategy.name: fsdp, strategy.tensor_parallel: 2} | strategy.tp_plan; CharTransformer ships no tensor-parallel plan
+tp-pattern-unmatched     | {strategy.name: fsdp, strategy.tensor_parallel: 2, strategy.tp_plan: {"blocks.*.mlp.fc": colwise}} | strategy.tp_plan; pattern 'blocks.*.mlp.fc' matches no module
+tp-plan-style-typo       | {strategy.name: fsdp, strategy.tensor_parallel: 2, strategy.tp_plan: {"blocks.*.mlp.c_fc": colwize}} | strategy.tp_plan; did you mean 'colwise'
 """)
 for _name, _changes, _expect in _TASKS:
     _row = "task-option-out-of-range" if _name == "block-size-beyond-corpus" else None

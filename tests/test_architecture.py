@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "primitives",
         (
             "amp",
+            "grad_norm",
             "schedule",
             "flight_recorder",
             "nonfinite",

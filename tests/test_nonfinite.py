@@ -1,10 +1,10 @@
 """A NaN/Inf on any rank is skipped on every rank alike, in every precision, and named.
 
 The stepper's guard (``max_nonfinite_steps``) in one process; then the Trainer on 2 gloo
-ranks (DDP and FSDP2, bf16 and fp32) with a NaN planted in rank 1's loss at step 7
-(tests/scripts/nan_charlm.py): every rank skips step 7, the weights stay finite and equal
-across the ranks, the warning names rank 1, and a NaN that never goes away stops the run at
-the limit on every rank. Without the guard (the negative control) the NaN reaches every
+ranks (DDP and FSDP2, bf16 and fp32; FSDP2 x TP 2, fp32) with a NaN planted in rank 1's
+loss at step 7 (tests/scripts/nan_charlm.py): every rank skips step 7, the weights stay finite
+and equal across the ranks, the warning names rank 1, and a NaN that never goes away stops
+the run at the limit on every rank. Without the guard (the negative control) the NaN reaches every
 replica's weights.
 """
 
@@ -179,12 +179,14 @@ STEPS = 10
 
 
 def _job(tmp_path: Path, strategy: str, precision: str, guard: int | None = 5) -> Path:
+    tp = strategy == "fsdp_tp"  # FSDP x TP 2 on 2 ranks: one replica, 8 samples a micro-batch
+    name = "fsdp" if tp else strategy
     job = {
         "task": "nan_charlm:task",
         "task_options": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
         "training": {
             "global_batch_size": 8,
-            "per_device_batch_size": 4,
+            "per_device_batch_size": 8 if tp else 4,
             "learning_rate": 3e-3,
             "warmup_steps": 2,
             "max_steps": STEPS,
@@ -193,8 +195,9 @@ def _job(tmp_path: Path, strategy: str, precision: str, guard: int | None = 5) -
             "max_nonfinite_steps": guard,
         },
         "strategy": {
-            "name": strategy,
-            **({"block_classes": ["Block"]} if strategy == "fsdp" else {}),
+            "name": name,
+            **({"block_classes": ["Block"]} if name == "fsdp" else {}),
+            **({"tensor_parallel": 2} if tp else {}),
         },
         "checkpoint": {"every": STEPS, "keep_last_n": 1},
         "run": {
@@ -242,6 +245,7 @@ def _final_model(out: Path) -> dict[str, Any]:
         ("ddp", "fp32", False),
         ("fsdp", "bf16", False),
         ("ddp", "fp32", True),
+        ("fsdp_tp", "fp32", False),
     ],
 )
 def test_a_nan_on_rank_1_at_step_7_is_skipped_on_every_rank(
@@ -267,7 +271,7 @@ def test_a_nan_on_rank_1_at_step_7_is_skipped_on_every_rank(
             int(r): s for r, s in _re_all(r"WEIGHTS rank=(\d) sum=(-?0x[0-9a-f.]+p[-+]\d+)", text)
         }
         assert sums.keys() == {0, 1} and sums[0] == sums[1], text[-2000:]
-    if strategy == "fsdp":
+    if strategy.startswith("fsdp"):
         assert _consolidated_is_finite(tmp_path / "out")
     else:
         assert all(torch.isfinite(v).all() for v in _final_model(tmp_path / "out").values())

@@ -170,6 +170,10 @@ def test_the_issue_shape_recommends_2d_without_offload(worked_text: str) -> None
     line = next(x for x in out.splitlines() if x.strip().startswith("job file: strategy:"))
     printed = yaml.safe_load(line.split("strategy:", 1)[1])
     assert printed == {"name": "fsdp", "tensor_parallel": t}
+    # ... and it is a job file's strategy the Trainer takes (checked as train checks it)
+    from gpu_training.job import JobConfig
+
+    assert JobConfig.from_dict({"strategy": printed}).strategy.tensor_parallel == t
     assert f"recommended: FSDP + tensor parallel {t} (2-D)" in out
     assert out.count("torchrun --nnodes=2 --nproc_per_node=8") == 2
     forced = plan_json([*TIMED, "--tensor-parallel", "8"])

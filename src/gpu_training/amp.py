@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 
+from gpu_training.grad_norm import clip_grad_norm, total_norm
 from gpu_training.nonfinite import (
     Names,
     NonFiniteError,
@@ -234,7 +235,7 @@ class GradNorm:
             grad = held.get(id(p), p.grad)  # a parameter outside the optimizer kept its .grad
             if grad is not None:
                 grads.append(grad)
-        self._value = _finish_norm(torch.nn.utils.get_total_norm(grads), self._skipped)
+        self._value = _finish_norm(total_norm(grads), self._skipped)
         self._release()
         return self._value
 
@@ -428,7 +429,7 @@ class MixedPrecisionStepper:
         grads: list[torch.Tensor] = []
         if self.max_grad_norm is not None:
             params = [p for p in params if p.grad is not None]
-            value = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            value = clip_grad_norm(params, self.max_grad_norm)
         else:
             for group in self.optimizer.param_groups:
                 for p in group["params"]:
@@ -436,9 +437,7 @@ class MixedPrecisionStepper:
                         owners.append(p)
                         grads.append(p.grad)
             if norm or (grads and hasattr(grads[0], "full_tensor")):  # FSDP2: a collective
-                value = torch.nn.utils.get_total_norm(
-                    [p.grad for p in params if p.grad is not None]
-                )
+                value = total_norm([p.grad for p in params if p.grad is not None])
         guard, self._names = self._guard, names
         self.last_nonfinite = None
         if guard is not None and guard.pending is not None:

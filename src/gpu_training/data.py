@@ -141,7 +141,10 @@ class GlobalBatchSampler(Sampler[list[int]]):
         num_samples: Size of the dataset.
         global_batch_size: Samples per optimizer step over all ranks (``G``).
         per_device_batch_size: Samples per micro-batch on one rank (``B``).
-        ctx: This process's rank and world size (default: ``DistributedContext.from_env()``).
+        ctx: This process's rank and world size (default: ``DistributedContext.from_env()``);
+            under tensor parallel its data-parallel view
+            (:func:`~gpu_training.strategy.data_parallel_context`), so a TP group reads one
+            replica's samples.
         seed: Seed of the per-epoch permutations; the same on every rank.
         shuffle: Permute each epoch; False keeps dataset order (still cut into global batches).
 

@@ -503,11 +503,11 @@ def _strategy_mapping(raw: object) -> object:
 
 _LAYOUT_FIELDS = {f.name for f in dataclasses.fields(StrategyConfig)}
 """Every strategy field lays the run out: only what a DeepSpeed file says is math."""
-_OLDER: dict[str, set[str] | None] = {
-    "layout": None,
+_OLDER: dict[str, set[str]] = {
+    "layout": _LAYOUT_FIELDS - {"tensor_parallel", "tp_plan"},  # every field then, but TP's
     "deepspeed": {"deepspeed_config", "zero_stage", "offload", "cpu_offload"},
 }
-"""The strategy fields older definitions counted (None: all), oldest first (config_hashes)."""
+"""The strategy fields older definitions counted, oldest first (config_hashes)."""
 
 
 def _hash(settings: Mapping[str, Any]) -> str:

@@ -54,6 +54,7 @@ from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.job import JobConfig
 from gpu_training.resume import ResumeError, check_resumable, layout_change
 from gpu_training.strategy.job_check import check_job
+from gpu_training.strategy.tensor_parallel import check_degree
 from gpu_training.tasks import BUILTIN_TASKS, Task
 from gpu_training.train_data import check_train_data
 
@@ -86,8 +87,9 @@ def check_launch(
         ConfigError: The first problem, naming the field, flag or file.
     """
     task = check_job(job)
+    check_degree(nproc, job.strategy.tensor_parallel)  # TP's ranks read one replica's data
     try:
-        cfg = job.training.for_world_size(nproc)
+        cfg = job.training.for_world_size(nproc // job.strategy.tensor_parallel)
     except ConfigError as err:
         raise ConfigError(f"--nproc {nproc}: {err}", "training.global_batch_size") from None
     if job.task.name in BUILTIN_TASKS:  # cheap for the built-in data; a user's may not be

@@ -324,4 +324,7 @@ def _strategy_title(strategy: Mapping[str, Any]) -> str:
             offload is None and strategy.get("cpu_offload")
         )
         return (f"ZeRO-{stage}" if stage else "DeepSpeed") + (" with CPU offload" * bool(offloads))
+    degree = strategy.get("tensor_parallel") or 1
+    if name == "fsdp" and isinstance(degree, int) and degree > 1:
+        return f"FSDP x TP {degree}"
     return {"none": "a plain model", "ddp": "DDP", "fsdp": "FSDP"}.get(name, name)

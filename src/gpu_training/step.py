@@ -41,10 +41,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from gpu_training.amp import GradNorm, MixedPrecisionStepper, should_step
-from gpu_training.ddp import DistributedContext, gradient_sync, move_to_device, reduce_scalar_dict
+from gpu_training.ddp import (
+    DistributedContext,
+    gradient_sync,
+    move_to_device,
+    process_group_up,
+    reduce_scalar_dict,
+)
 from gpu_training.rng import micro_batch_rng
 from gpu_training.tasks import count_scored
 from gpu_training.telemetry import OFF, TelemetryOff
@@ -258,7 +265,10 @@ def global_count(
     if not ctx.is_distributed:
         return torch.tensor(float(local))
     total = reduce_scalar_dict({"count": float(local)}, ctx, average=False)["count"]
-    return torch.tensor(total)
+    # A data-parallel view (tensor parallel) is smaller than the group: each replica's
+    # ranks read the same samples, so each count arrives once per rank of the replica.
+    replicas = dist.get_world_size() // ctx.world_size if process_group_up() else 1
+    return torch.tensor(total / replicas)
 
 
 def _check_count(returned: Tensor | int, counted: Tensor) -> None:

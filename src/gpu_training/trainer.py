@@ -68,7 +68,7 @@ from gpu_training.resume import (
 from gpu_training.rng import seed_everything
 from gpu_training.schedule import linear_warmup_cosine_lr
 from gpu_training.step import step_batches, train_step
-from gpu_training.strategy.job_check import check_job
+from gpu_training.strategy import check_job, data_parallel_context
 from gpu_training.strategy.prepared import Prepared, prepare
 from gpu_training.tasks import Task, build_task, count_scored, task_checkpoint_extra
 from gpu_training.telemetry import TelemetryOff, open_telemetry
@@ -306,7 +306,7 @@ class Trainer:
 
     def _setup(self) -> _Run:
         """Task, data, sampler, the wrapped model, its optimizer and schedule, checkpoints."""
-        job, ctx = self.job, self.ctx
+        job, ctx = self.job, data_parallel_context(self.ctx, self.job.strategy.tensor_parallel)
         device = resolve_device(ctx)
         cfg = job.training.for_world_size(ctx.world_size)
         self.config = cfg
@@ -337,14 +337,14 @@ class Trainer:
         )
         ckpt = CheckpointManager(
             job.checkpoint_dir,
-            ctx=ctx,
+            ctx=self.ctx,
             keep_last_n=job.checkpoint.keep_last_n,
             config_hash=job.config_hash(),
             # the split that ran (world size, accumulation); the hash leaves the split out
             config={**job.to_dict(), "training": cfg.to_dict()},
             trust_checkpoint=self.trust_checkpoint,
         )
-        telemetry = open_telemetry(job, ctx, device, total, model=prepared.model)  # hooks it
+        telemetry = open_telemetry(job, self.ctx, device, total, model=prepared.model)  # hooks it
         seed_everything(cfg.seed, rank=ctx.rank)  # per-rank streams (dropout)
         return _Run(
             cfg=cfg,
@@ -364,11 +364,11 @@ class Trainer:
 
     def _loop(self, run: _Run, writer: MetricsWriter, window: _Window, step: int) -> int:
         """Optimizer steps until the end of the run or a preemption; returns the last step."""
-        ctx, cfg, task = self.ctx, run.cfg, run.task
-        meter = ThroughputMeter(
-            flops_per_token=task.flops_per_token,
+        ctx, cfg, task, tp = self.ctx, run.cfg, run.task, self.job.strategy.tensor_parallel
+        meter = ThroughputMeter(  # a TP group's ranks share its samples and their FLOPs
+            flops_per_token=task.flops_per_token and task.flops_per_token / tp,
             peak_tflops=self.job.run.peak_tflops,
-            world_size=ctx.world_size,
+            world_size=ctx.world_size // tp,
             device=run.device,
             precision=run.precision,
         )
@@ -393,7 +393,7 @@ class Trainer:
                         run.prepared.model,
                         loss_fn,
                         run.prepared.steps,
-                        ctx=ctx,
+                        ctx=data_parallel_context(ctx, tp),
                         device=run.device,
                         seed=cfg.seed,
                         step=step,

@@ -220,6 +220,7 @@ def _check_job(config: str, train_args: list[str], ranks: tuple[int, int] | None
     from gpu_training.config import ConfigError
     from gpu_training.job import load_job
     from gpu_training.strategy.job_check import check_job
+    from gpu_training.strategy.tensor_parallel import check_degree
 
     try:
         parsed = build_parser().parse_args(["train", config, *train_args])
@@ -233,8 +234,9 @@ def _check_job(config: str, train_args: list[str], ranks: tuple[int, int] | None
         return
     nproc, nnodes = ranks
     flags = f"--nproc {nproc}" + (f" x --nnodes {nnodes}" if nnodes > 1 else "")
+    check_degree(nproc * nnodes, job.strategy.tensor_parallel)
     try:
-        job.training.for_world_size(nproc * nnodes)
+        job.training.for_world_size(nproc * nnodes // job.strategy.tensor_parallel)
     except ConfigError as err:
         raise ConfigError(f"{flags}: {err}", "training.global_batch_size") from None
 

@@ -11,6 +11,8 @@
 - :mod:`~gpu_training.strategy.prepared` — :func:`prepare`: model, optimizer and step
   functions in one call, for every strategy; :class:`Prepared` saves and loads itself in the
   strategy's checkpoint format.
+- :mod:`~gpu_training.strategy.tensor_parallel` — the 2-D (FSDP × TP) mesh, a model's
+  tensor-parallel plan, and the data-parallel view of a rank (:func:`data_parallel_context`).
 - :mod:`~gpu_training.strategy.job_check` — :func:`check_job`: a job's strategy options
   against its task's model, before any process starts.
 
@@ -57,6 +59,12 @@ _EXPORTS: dict[str, str] = {
     "deepspeed_initialize": "deepspeed",
     "deepspeed_step_fns": "deepspeed",
     "find_auto_values": "deepspeed",
+    # tensor parallel
+    "TP_STYLES": "spec",
+    "apply_plan": "tensor_parallel",
+    "data_parallel_context": "tensor_parallel",
+    "resolve_plan": "tensor_parallel",
+    "two_d_mesh": "tensor_parallel",
     # job check
     "check_job": "job_check",
     # prepare
@@ -71,6 +79,7 @@ __all__ = [
     "OFFLOAD_MODES",
     "SHARDINGS",
     "STRATEGIES",
+    "TP_STYLES",
     "ModelStateBytes",
     "Prepared",
     "StepFns",
@@ -78,9 +87,11 @@ __all__ = [
     "StrategyConfig",
     "StrategyError",
     "apply_activation_checkpointing",
+    "apply_plan",
     "build_deepspeed_config",
     "check_job",
     "choose_strategy",
+    "data_parallel_context",
     "deepspeed_initialize",
     "deepspeed_step_fns",
     "default_optimizer",
@@ -92,7 +103,9 @@ __all__ = [
     "parse_strategy",
     "per_gpu_bytes",
     "prepare",
+    "resolve_plan",
     "step_fns",
+    "two_d_mesh",
     "wrap_model",
 ]
 
@@ -122,9 +135,16 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         OFFLOAD_MODES,
         SHARDINGS,
         STRATEGIES,
+        TP_STYLES,
         StrategyConfig,
         StrategyError,
         parse_strategy,
+    )
+    from gpu_training.strategy.tensor_parallel import (
+        apply_plan,
+        data_parallel_context,
+        resolve_plan,
+        two_d_mesh,
     )
     from gpu_training.strategy.wrap import (
         StepFns,

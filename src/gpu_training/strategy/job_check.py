@@ -2,9 +2,10 @@
 
 :func:`check_job` resolves the task a job names and checks the strategy's options against
 it: a DeepSpeed config that would fight the Trainer over the learning rate, the deepspeed extra
-missing, FSDP ``block_classes`` the model does not have. The model is built on the ``meta``
-device, so the check costs no memory and no weights; ``train`` runs it on the launching host
-(:mod:`~gpu_training.preflight`) and the Trainer again on every rank.
+missing, FSDP ``block_classes`` the model does not have, a tensor-parallel plan the model does
+not ship or does not fit. The model is built on the ``meta`` device, so the check costs no
+memory and no weights; ``train`` runs it on the launching host (:mod:`~gpu_training.preflight`)
+and the Trainer again on every rank.
 
 Example:
     >>> from gpu_training.job import JobConfig
@@ -22,6 +23,7 @@ from __future__ import annotations
 from gpu_training.job import JobConfig
 from gpu_training.meta_device import meta_device
 from gpu_training.strategy.spec import StrategyError
+from gpu_training.strategy.tensor_parallel import check_plan, resolve_plan
 from gpu_training.strategy.wrap import find_blocks
 from gpu_training.tasks import Task, build_task
 
@@ -40,10 +42,15 @@ def check_job(job: JobConfig, task: Task | None = None) -> Task:
     if job.strategy.name == "deepspeed":
         _check_deepspeed_job(job)
     task = task if task is not None else build_task(job)
-    if job.strategy.block_classes:
+    degree = job.strategy.tensor_parallel
+    if job.strategy.block_classes or degree > 1:
         with meta_device():  # only the module structure is needed
             model = task.build_model()
-        find_blocks(model, job.strategy.block_classes)
+        if job.strategy.block_classes:
+            find_blocks(model, job.strategy.block_classes)
+        plan = resolve_plan(model, job.strategy) if degree > 1 else None
+        if isinstance(plan, dict):  # a plan as code is checked when it runs
+            check_plan(model, plan, degree)
     return task
 
 

@@ -9,6 +9,7 @@ A config file's ``strategy:`` entry is either a bare name or a mapping::
       block_classes: [Block]          # FSDP units / activation-checkpointed blocks
       activation_checkpointing: true
       sharding: full                  # or hybrid: replicate across nodes, shard within one
+      tensor_parallel: 2              # 2-D: TP over 2 ranks, FSDP over the rest
 
 :func:`parse_strategy` turns either form into a :class:`StrategyConfig`; a typo in a key or a
 value is one :class:`StrategyError` line with a close-match suggestion.
@@ -29,6 +30,7 @@ __all__ = [
     "OFFLOAD_MODES",
     "SHARDINGS",
     "STRATEGIES",
+    "TP_STYLES",
     "StrategyConfig",
     "StrategyError",
     "deepspeed_math",
@@ -41,6 +43,10 @@ STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp", "deepspeed")
 
 SHARDINGS: tuple[str, ...] = ("full", "hybrid")
 """FSDP sharding: over every rank, or within a node and replicated across nodes (HSDP)."""
+
+TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "sequence_parallel")
+"""How a tensor-parallel plan splits a module: its output features, its input features, or
+(a norm) the tokens of its input, each rank its share of the sequence, gathered after."""
 
 OFFLOAD_MODES: tuple[str, ...] = ("none", "optimizer", "all")
 """DeepSpeed CPU offload: nothing, optimizer state, or optimizer state and parameters."""
@@ -137,6 +143,43 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         )
 
 
+def _check_tensor_parallel(spec: StrategyConfig) -> None:
+    degree, plan = spec.tensor_parallel, spec.tp_plan
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        raise StrategyError(
+            f"field 'strategy.tensor_parallel': expected a positive integer, got {degree!r}",
+            "strategy.tensor_parallel",
+        )
+    if degree > 1 and spec.name != "fsdp":
+        raise StrategyError(
+            f"field 'strategy.tensor_parallel': tensor parallel runs under fsdp "
+            f"(strategy: {{name: fsdp, tensor_parallel: {degree}}}), got strategy {spec.name!r}",
+            "strategy.tensor_parallel",
+        )
+    if degree > 1 and spec.sharding != "full":
+        raise StrategyError(
+            "field 'strategy.tensor_parallel': a 2-D run shards over the data-parallel ranks "
+            f"(sharding: full), got sharding {spec.sharding!r}",
+            "strategy.tensor_parallel",
+        )
+    if plan is None or (isinstance(plan, str) and ":" in plan.strip(":")):
+        return
+    if not isinstance(plan, Mapping) or not plan:
+        raise StrategyError(
+            "field 'strategy.tp_plan': expected module-name patterns mapped to "
+            f"{', '.join(TP_STYLES)}, or 'module:function', got {plan!r}",
+            "strategy.tp_plan",
+        )
+    for pattern, style in plan.items():
+        if not isinstance(pattern, str) or not pattern or style not in TP_STYLES:
+            hint = did_you_mean(style, TP_STYLES) if isinstance(style, str) else ""
+            raise StrategyError(
+                f"field 'strategy.tp_plan': {pattern!r} maps to {style!r}; expected one of "
+                f"{', '.join(TP_STYLES)}{hint}",
+                "strategy.tp_plan",
+            )
+
+
 @dataclass(frozen=True)
 class StrategyConfig:
     """How the model is spread over the ranks. Options of other strategies are ignored.
@@ -181,6 +224,16 @@ class StrategyConfig:
 
     find_unused_parameters: bool = False
     """DDP: allow parameters that get no gradient in some steps (costs a graph walk per step)."""
+
+    tensor_parallel: int = 1
+    """FSDP: ranks that split each layer's matrices (tensor parallel, within a node); the
+    world size is then ``tensor_parallel`` × the data-parallel (FSDP) size. 1: FSDP alone."""
+
+    tp_plan: Mapping[str, str] | str | None = None
+    """FSDP with ``tensor_parallel`` > 1: module-name patterns (``blocks.*.mlp.c_fc``) →
+    ``colwise`` / ``rowwise`` / ``sequence_parallel``, or ``module:function`` called as
+    ``function(model, tp_mesh)``; None: the model's own plan (``tp_plan`` of the built-in
+    model, ``base_model_tp_plan`` of a Hugging Face one)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or self.name not in STRATEGIES:
@@ -239,6 +292,8 @@ class StrategyConfig:
                 "strategy.deepspeed_config",
             )
 
+        _check_tensor_parallel(self)
+
     @property
     def checkpoint_format(self) -> str:
         """The checkpoint format this strategy saves and resumes (a manifest's ``state_format``).
@@ -251,6 +306,8 @@ class StrategyConfig:
     def to_dict(self) -> dict[str, Any]:
         """The options as plain data (round-trips through :meth:`from_dict`)."""
         data = dataclasses.asdict(self)
+        if isinstance(self.tp_plan, Mapping):
+            data["tp_plan"] = dict(self.tp_plan)
         if self.block_classes is not None:
             data["block_classes"] = list(self.block_classes)
         return data

@@ -39,6 +39,7 @@ from gpu_training.strategy.spec import (
     did_you_mean,
     parse_strategy,
 )
+from gpu_training.strategy.tensor_parallel import apply_plan, resolve_plan, two_d_mesh
 
 __all__ = [
     "BlockSpec",
@@ -298,6 +299,7 @@ def _shard(
     cpu_offload: bool,
     sharding: str,
     reshard_after_forward: bool,
+    mesh: Any = None,
 ) -> nn.Module:
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
@@ -313,7 +315,7 @@ def _shard(
     )
     # pin_memory=True (the default) fails on a machine without a GPU.
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else None
-    mesh = _fsdp_mesh(ctx, device, sharding)
+    mesh = _fsdp_mesh(ctx, device, sharding) if mesh is None else mesh
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": mp_policy,
@@ -358,7 +360,9 @@ def wrap_model(
       ``MixedPrecisionPolicy`` with ``param_dtype`` from ``mixed_precision`` and fp32 gradient
       reduction; optional ``CPUOffloadPolicy``; ``sharding="hybrid"`` shards within each node
       and replicates across nodes (a 2-D device mesh of ``world_size / local_world_size`` ×
-      ``local_world_size``).
+      ``local_world_size``); ``tensor_parallel: N`` first splits the model's matrices over
+      ``N`` ranks by its plan (:mod:`~gpu_training.strategy.tensor_parallel`), then shards
+      over the other ``world_size / N``.
 
     In one process without a process group there is nothing to replicate or shard: ``ddp`` and
     ``fsdp`` return the model as ``none`` does.
@@ -421,6 +425,12 @@ def wrap_model(
             "call gpu_training.ddp.init_distributed() first"
         )
     name = spec.name if grouped else "none"  # one process, no group: nothing to spread
+    mesh = None
+    if name == "fsdp" and spec.tensor_parallel > 1:
+        # The plan splits the plain modules first: FSDP then shards the split parameters.
+        mesh = two_d_mesh(ctx, dev, spec.tensor_parallel)
+        apply_plan(model, mesh["tp"], resolve_plan(model, spec))
+        mesh = mesh["dp_shard"]
     if checkpointing:
         units = apply_activation_checkpointing(model, blocks)
     else:
@@ -437,6 +447,7 @@ def wrap_model(
             cpu_offload=offload,
             sharding=mode,
             reshard_after_forward=spec.reshard_after_forward,
+            mesh=mesh,
         )
     model.to(dev)
     if name == "ddp":

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -251,6 +251,14 @@ class CharTransformer(nn.Module):
         >>> tuple(model(torch.zeros(3, 16, dtype=torch.long)).shape)
         (3, 16, 5)
     """
+
+    tp_plan: ClassVar[dict[str, str]] = {
+        "blocks.*.mlp.c_fc": "colwise",
+        "blocks.*.mlp.c_proj": "rowwise",
+    }
+    """Tensor parallel (``strategy.tensor_parallel``): each block's MLP split over the ranks.
+    The attention stays whole on each: its packed query/key/value rows do not split by
+    columns into heads, and its dropout then draws one process's mask over all heads."""
 
     def __init__(self, config: CharLMConfig, vocab_size: int) -> None:
         super().__init__()
