@@ -8,6 +8,7 @@ keep a pitfall the guides themselves warn about live in bad/, named ``guide_*``.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -29,6 +30,8 @@ from gpu_training.diagnostics.lint import (
     lint_source,
     select_rules,
 )
+from gpu_training.diagnostics.lint.guards import single_process
+from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.rules import GUIDES, RULES, explain
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus"
@@ -134,6 +137,32 @@ def test_rule_catalogue_is_complete() -> None:
         assert "\n" not in rule.message and len(rule.message) < 100
     with pytest.raises(KeyError, match="GT001"):
         explain("GT999")
+
+
+def test_world_size_tests_are_read_by_direction() -> None:
+    """`world_size == 1` holds in one process, `world_size > 1` in every process of a group:
+    the `else:` of the second is the single-process path (issue 33; main read both as the
+    single-process test, so `if world_size > 1:` made its body rank-0-only code)."""
+    facts = ModuleFacts(ast.parse(""))
+    read = {
+        text: single_process(facts, ast.parse(text, mode="eval").body, facts.module_scope)
+        for text in (
+            "world_size == 1",
+            "args.world_size < 2",
+            "world_size > 1",
+            "world_size != 1",
+            "not world_size > 1",
+            "not (world_size >= 2)",
+        )
+    }
+    assert read == {
+        "world_size == 1": True,
+        "args.world_size < 2": True,
+        "world_size > 1": False,
+        "world_size != 1": False,
+        "not world_size > 1": True,
+        "not (world_size >= 2)": True,
+    }
 
 
 def test_follows_names_through_assignments_and_with_blocks() -> None:

@@ -62,7 +62,7 @@ from gpu_training.diagnostics.lint.guards import (
     single_rank,
 )
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
-from gpu_training.diagnostics.lint.precision import bf16_adam
+from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
@@ -82,7 +82,6 @@ from gpu_training.diagnostics.lint.training_loop import (
     is_no_sync,
     iterates_loader,
     loops_without_set_epoch,
-    scalers_with_bf16,
 )
 
 __all__ = ["FileChecker"]
@@ -112,7 +111,7 @@ class FileChecker:
         self.project = project
         self.imports = facts.imports
         self.tree = facts.tree
-        self.all_calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
+        self.all_calls = facts.calls
         self.tails = {tail(call_name(c, self.imports)) for c in self.all_calls}
         names = [call_name(c, self.imports) for c in self.all_calls]
         spawn = any("multiprocessing" in n and n.endswith("spawn") for n in names)
@@ -158,7 +157,7 @@ class FileChecker:
                 self.imports.resolve(dotted(t)) in ("builtins.print", "sys.stdout")
                 for t in n.targets
             )
-            for n in ast.walk(self.tree)
+            for n in facts.nodes
         )
         # `logger.setLevel(INFO if is_main else WARN)`: the level already silences the others.
         self.log_level_guarded = logs_silenced_per_rank(self.all_calls, facts) or any(
@@ -418,17 +417,19 @@ class FileChecker:
 
     def _expr(self, node: ast.AST, ctx: Ctx, scope: Scope) -> None:
         cached = self._expr_cache.get(node)
-        if cached is None:
-            calls = [sub for sub in ast.walk(node) if isinstance(sub, ast.Call)]
+        if cached is None:  # one walk for the calls, the names and the conditionals in it
+            subs = list(ast.walk(node))
+            calls = [sub for sub in subs if isinstance(sub, ast.Call)]
             called = {id(c.func) for c in calls}
             refs = [
                 func
-                for sub in ast.walk(node)
+                for sub in subs
                 if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
                 if id(sub) not in called
                 for func in self.facts.functions.get(sub.id, [])
             ]
             cached = self._expr_cache[node] = (calls, refs)
+            self._ifexp_cache[node] = [sub for sub in subs if isinstance(sub, ast.IfExp)]
         calls, refs = cached
         overrides = self._conditional_calls(node, ctx, scope)
         for call in calls:
@@ -440,11 +441,7 @@ class FileChecker:
         """``SummaryWriter() if rank == 0 else None``: the calls of each branch of a
         rank-dependent conditional expression run on those ranks only."""
         found: dict[int, Ctx] = {}
-        conditionals = self._ifexp_cache.get(node)
-        if conditionals is None:
-            conditionals = [sub for sub in ast.walk(node) if isinstance(sub, ast.IfExp)]
-            self._ifexp_cache[node] = conditionals
-        for sub in conditionals:
+        for sub in self._ifexp_cache[node]:  # filled by _expr, its only caller
             kind = classify_guard(self.facts, sub.test, scope)
             if kind not in (GUARD_RANK0, GUARD_NOT_RANK0):
                 continue
@@ -465,7 +462,7 @@ class FileChecker:
         if not self.emit:
             return
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
-        self.setup.check(call, scope)
+        self.setup.check(call, scope, one_process=ctx.guard == "one process")
         if every_rank and not ctx.launcher:
             self._rank_rules(call, ctx, scope)
         if ctx.guarded_here:  # under a caller's guard only: reported at the call instead

@@ -111,8 +111,9 @@ def direct_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str |
         return last
     if name.startswith("torch.distributed.checkpoint") and last in ("save", "load"):
         return f"dcp.{last}"
-    if isinstance(call.func, ast.Attribute):
-        kinds = facts.kinds(call.func.value, scope)
+    if method in _CKPT_COLLECTIVE_METHODS or method == "state_dict":
+        assert isinstance(call.func, ast.Attribute)
+        kinds = facts.kinds(call.func.value, scope)  # only for the methods it can decide
         if method in _CKPT_COLLECTIVE_METHODS and "ckpt_manager" in kinds:
             return f"CheckpointManager.{method}"
         if method == "state_dict" and "fsdp" in kinds:
@@ -132,6 +133,9 @@ _ACCELERATE_COLLECTIVES = frozenset(
 _FABRIC_COLLECTIVES = frozenset({"save", "load", "all_reduce", "all_gather", "broadcast"})
 _ENGINE_COLLECTIVES = frozenset({"save_checkpoint", "load_checkpoint"})
 _SHARDED_FORWARD = frozenset({"generate", "forward"})
+_LIBRARY_METHODS = (
+    _ACCELERATE_COLLECTIVES | _FABRIC_COLLECTIVES | _ENGINE_COLLECTIVES | _SHARDED_FORWARD
+)
 
 
 def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | None:
@@ -139,9 +143,10 @@ def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str
     if isinstance(func, ast.Attribute):
         method = func.attr
         receiver = func.value
+        if method not in _LIBRARY_METHODS:
+            return None  # the only methods below that can be one; resolving the rest is costly
         if facts.local_functions(call) or (
-            facts.resolver is not None
-            and any(f is not facts for f, _ in facts.resolver.callees(facts, func))
+            facts.resolver is not None and any(f is not facts for f, _ in facts.callees(call))
         ):
             return None  # the project's own method: its body says what it does
         kinds = facts.kinds(receiver, scope)
@@ -187,12 +192,8 @@ def _sharded(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     sharded = facts.memo.get("fully-sharded")
     if not isinstance(sharded, frozenset):
         names = set()
-        for node in ast.walk(facts.tree):
-            if (
-                isinstance(node, ast.Call)
-                and tail(call_name(node, facts.imports)) == "fully_shard"
-                and node.args
-            ):
+        for node in facts.calls:
+            if tail(call_name(node, facts.imports)) == "fully_shard" and node.args:
                 name = dotted(node.args[0])
                 if name is not None:
                     names.add(name)

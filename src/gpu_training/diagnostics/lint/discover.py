@@ -126,7 +126,7 @@ def unresolved(project: Project, name: str, repositories: list[Path]) -> list[st
     facts = project.linted[name]
     tops = _project_top_names(tuple(repositories))
     missing: list[str] = []
-    for node in ast.walk(facts.tree):
+    for node in facts.nodes:
         if isinstance(node, ast.Import):
             modules = [(a.name, 0) for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -69,6 +69,7 @@ GUARD_NOT_RANK0 = "not_rank0"
 GUARD_RANK_DEP = "rank_dep"
 """The condition holds on some ranks, not all."""
 _SINGLE = "single"  # true on every rank or on none: `not dist.is_initialized()`, `rank == -1`
+_MULTI = "multi"  # true in every process of a group, its negation _SINGLE: `world_size > 1`
 
 _SINGLE_PROCESS_ATTRS = frozenset({"is_initialized", "is_distributed", "is_available"})
 _RANK_VALUE = re.compile(r"(^|_)rank$")
@@ -106,7 +107,7 @@ def classify_guard(facts: ModuleFacts, test: ast.expr, scope: Scope) -> str | No
         :data:`GUARD_RANK_DEP` (true on some ranks), or None (rank-independent).
     """
     kind = _classify(facts, test, scope, 0)
-    return None if kind == _SINGLE else kind
+    return None if kind in (_SINGLE, _MULTI) else kind
 
 
 _MISSING = "?"
@@ -148,6 +149,8 @@ def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: 
             return GUARD_NOT_RANK0
         if inner == GUARD_NOT_RANK0:
             return GUARD_RANK0
+        if inner == _MULTI:
+            return _SINGLE  # `not (world_size > 1)`
         callee = test.operand.func if isinstance(test.operand, ast.Call) else test.operand
         last = _tail(dotted(callee))
         if inner is None and (last in _SINGLE_PROCESS_ATTRS or _means_group(last)):
@@ -206,6 +209,8 @@ def _classify_flag(
     if key is None:  # `PartialState().is_last_process`: a framework's flag on a fresh object
         flag = isinstance(test, ast.Attribute) and FLAG_NAMES.match(test.attr.lower())
         return GUARD_RANK0 if flag else None
+    if _RANK_VALUE.search(_tail(key).lower()) and _boolean(facts, test, scope):
+        return None  # `if self.negative_all_rank:` - a switch every rank reads alike
     every = facts.lookup_all(key, scope)
     if any(_is_none(v) for v in every if v is not None):
         # `saver = None` ... `if is_primary(args): saver = Saver(...)`: set on rank 0 only
@@ -328,7 +333,7 @@ def _classify_compare(
     if not rank_derived(facts, left, scope):
         sizes = dotted(left) or ""
         if "world_size" in sizes.lower() and isinstance(right, ast.Constant):
-            return _SINGLE  # `world_size == 1`
+            return _world_size_test(op, right.value)
         return None
     if isinstance(right, ast.Constant) and right.value == 0 and right.value is not False:
         if isinstance(op, (ast.Eq, ast.Is, ast.LtE)):
@@ -347,6 +352,25 @@ def _classify_compare(
         elif members is not None and all(m < 0 for m in members):
             return _SINGLE if isinstance(op, ast.In) else None
     return GUARD_RANK_DEP
+
+
+def _world_size_test(op: ast.cmpop, bound: object) -> str | None:
+    """``world_size == 1`` / ``< 2`` holds in one process only (_SINGLE); ``world_size > 1``
+    / ``!= 1`` holds in every process of a group (_MULTI), so its ``else:`` is one process."""
+    if not isinstance(bound, int) or isinstance(bound, bool):
+        return None
+    compare = {
+        ast.Eq: int.__eq__,
+        ast.NotEq: int.__ne__,
+        ast.Lt: int.__lt__,
+        ast.LtE: int.__le__,
+        ast.Gt: int.__gt__,
+        ast.GtE: int.__ge__,
+    }.get(type(op))
+    if compare is None:
+        return None
+    one, many = compare(1, bound), compare(2, bound)
+    return _SINGLE if one and not many else _MULTI if many and not one else None
 
 
 def _rank_members(expr: ast.expr) -> set[int] | None:
@@ -448,7 +472,7 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
     if isinstance(expr, (ast.Name, ast.Attribute)):
         name = _tail(dotted(expr)).lower()
         if "rank" in name and not FLAG_NAMES.match(name):
-            return True
+            return not _boolean(facts, expr, scope)  # `self.negative_all_rank`: a switch
         key = dotted(expr)
         if key is None or (isinstance(expr, ast.Attribute) and not key.startswith("self.")):
             return False
@@ -497,6 +521,36 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
             isinstance(v, ast.FormattedValue) and rank_derived(facts, v.value, scope, depth + 1)
             for v in expr.values
         )
+    return False
+
+
+def _boolean(facts: ModuleFacts, expr: ast.Name | ast.Attribute, scope: Scope) -> bool:
+    """A name some binding shows to be a truth value, never a rank: a parameter annotated
+    ``bool`` or defaulting to ``True``/``False``, or a name (``self.x``) bound to one."""
+    key = dotted(expr)
+    if key is None:
+        return False
+    values = facts.lookup_all(key, scope)
+    func = scope.node
+    if isinstance(expr, ast.Name) and isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = func.args
+        positional = [*args.posonlyargs, *args.args]
+        defaults = dict(zip([a.arg for a in positional[::-1]], args.defaults[::-1], strict=False))
+        defaults |= {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d}
+        for arg in [*positional, *args.kwonlyargs]:
+            default = defaults.get(arg.arg)
+            if arg.arg == expr.id and (
+                (arg.annotation is not None and dotted(arg.annotation) == "bool")
+                or (isinstance(default, ast.Constant) and isinstance(default.value, bool))
+            ):
+                return True
+    for value in values:
+        if isinstance(value, ast.Constant) and isinstance(value.value, bool):
+            return True
+        if isinstance(value, ast.Name) and key.startswith("self."):
+            where = facts.scope_containing(value)
+            if where is not scope and _boolean(facts, value, where):
+                return True
     return False
 
 

@@ -123,10 +123,10 @@ class Imports:
             ``from .utils import f`` → ``("utils", 1, "f")``.
     """
 
-    def __init__(self, tree: ast.AST) -> None:
+    def __init__(self, tree: ast.AST, nodes: list[ast.AST] | None = None) -> None:
         self.names: dict[str, str] = {}
         self.origins: dict[str, tuple[str, int, str | None]] = {}
-        for node in ast.walk(tree):
+        for node in ast.walk(tree) if nodes is None else nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -246,7 +246,10 @@ class ModuleFacts:
         self.tree = tree
         self.path = path
         self.resolver = resolver
-        self.imports = Imports(tree)
+        self.nodes: list[ast.AST] = list(ast.walk(tree))
+        """Every node of the module in :func:`ast.walk` order (walked once: the rules share it)."""
+        self.calls: list[ast.Call] = [n for n in self.nodes if isinstance(n, ast.Call)]
+        self.imports = Imports(tree, self.nodes)
         self.module_scope = Scope(tree, None)
         self.scopes: dict[ast.AST, Scope] = {tree: self.module_scope}
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
@@ -443,9 +446,15 @@ class ModuleFacts:
 
     def callees(self, call: ast.Call) -> list[FuncRef]:
         """The functions a call may run: of this file, or of the project when it is known."""
-        if self.resolver is not None:
-            return self.resolver.callees(self, call.func)
-        return [(self, func) for func in self.local_functions(call)]
+        key = ("callees", id(call.func))  # asked of one call by many rules: resolve it once
+        found = self.memo.get(key)
+        if not isinstance(found, list):
+            if self.resolver is not None:
+                found = self.resolver.callees(self, call.func)
+            else:
+                found = [(self, func) for func in self.local_functions(call)]
+            self.memo[key] = found
+        return list(found)
 
     def summaries(self, call: ast.Call) -> list[Summary]:
         """:class:`Summary` of each function a call may run (empty: not the project's code)."""

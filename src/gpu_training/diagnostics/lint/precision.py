@@ -1,4 +1,5 @@
-"""``GT019``: bf16 parameters stepped by ``torch.optim.Adam``/``AdamW``, with no fp32 master copy.
+"""``GT019``: bf16 parameters stepped by ``torch.optim.Adam``/``AdamW``, with no fp32 master copy;
+``GT011``: a ``GradScaler`` in a file whose every autocast is bfloat16 (:func:`scalers_with_bf16`).
 
 bfloat16 keeps 8 bits of mantissa: a weight of 1e-2 cannot move by less than about 4e-5, and
 Adam's update is ``lr`` (1e-4 .. 1e-5) times a ratio near 1, so most updates round to nothing
@@ -29,10 +30,10 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.calls import is_const, keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
-__all__ = ["bf16_adam"]
+__all__ = ["bf16_adam", "scalers_with_bf16"]
 
 _ADAM = frozenset({"Adam", "AdamW"})
 _FP32 = frozenset({"float32", "float"})
@@ -111,7 +112,7 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
     Returns:
         ``(the optimizer call, evidence)`` pairs.
     """
-    calls = [n for n in ast.walk(facts.tree) if isinstance(n, ast.Call)]
+    calls = facts.calls
     names = {call_name(c, facts.imports) for c in calls}
     if any(n.startswith("deepspeed.") for n in names) or any(
         tail(n) in _UPCASTING_PLUGINS for n in names
@@ -129,9 +130,7 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
         ),
         None,
     )
-    parents = {
-        id(child): node for node in ast.walk(facts.tree) for child in ast.iter_child_nodes(node)
-    }
+    parents = {id(child): node for node in facts.nodes for child in ast.iter_child_nodes(node)}
     found: list[tuple[ast.Call, str]] = []
     for scope_node, nodes in facts.scope_nodes.items():
         scope_calls = [n for n in nodes if isinstance(n, ast.Call)]
@@ -178,3 +177,49 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
                     )
                 )
     return found
+
+
+def scalers_with_bf16(calls: list[ast.Call], facts: ModuleFacts) -> list[ast.Call]:
+    """``GT011``: the enabled ``GradScaler`` calls of a file whose every autocast is bfloat16.
+
+    Args:
+        calls: Every call of the file.
+        facts: The file's facts.
+
+    Returns:
+        The scaler constructions to report (none unless every ``autocast`` is bfloat16).
+    """
+    dtypes: set[str] = set()
+    for call in calls:
+        if tail(call_name(call, facts.imports)) != "autocast":
+            continue
+        dtype = keyword_arg(call, "dtype")
+        if (
+            dtype is None
+            and len(call.args) > 1
+            and "torch.autocast" in call_name(call, facts.imports)
+        ):
+            dtype = call.args[1]
+        dtypes.add(_dtype_name(dtype, facts))
+    if dtypes != {"bfloat16"}:
+        return []
+    found = []
+    for call in calls:
+        if tail(call_name(call, facts.imports)) in ("GradScaler", "ShardedGradScaler"):
+            enabled = keyword_arg(call, "enabled")
+            if enabled is None or is_const(enabled, True):
+                found.append(call)
+    return found
+
+
+def _dtype_name(expr: ast.expr | None, facts: ModuleFacts) -> str:
+    if expr is None:
+        return "default"
+    name = facts.imports.resolve(dotted(expr))
+    if isinstance(expr, ast.Name) and name == expr.id:
+        values = [v for s in facts.scopes.values() for _, v in s.bindings.get(expr.id, [])]
+        resolved = {facts.imports.resolve(dotted(v)) for v in values if v is not None}
+        if len(resolved) == 1:
+            name = resolved.pop()
+    last = tail(name)
+    return {"half": "float16", "bf16": "bfloat16"}.get(last, last or "unknown")

@@ -102,7 +102,7 @@ class Project:
 
     def facts_for(self, path: Path) -> ModuleFacts | None:
         """The facts of a project file (parsed on first use; None when it cannot be read)."""
-        key = path.resolve()
+        key = path if path in self._by_file else _resolved(str(path))  # cached: no lstat
         if key not in self._by_file:
             self._by_file[key] = _parse_quietly(key, self)
         return self._by_file[key]

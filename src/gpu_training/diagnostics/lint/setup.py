@@ -97,8 +97,9 @@ class SetupRules:
         """Bare ``.cuda()`` and ``'cuda'`` devices, for ``GT002`` without ``set_device``."""
         self._targets: dict[int, str | None] | None = None
 
-    def check(self, call: ast.Call, scope: Scope) -> None:
-        """Run every set-up rule on one call."""
+    def check(self, call: ast.Call, scope: Scope, *, one_process: bool = False) -> None:
+        """Run every set-up rule on one call (``one_process``: in a branch that runs without
+        a process group, the ``else:`` of ``if world_size > 1:``)."""
         name = call_name(call, self.facts.imports)
         last = tail(name)
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
@@ -106,7 +107,7 @@ class SetupRules:
         if is_dp and not self._evaluates_only():
             self.report(call, "GT001", "one process, one thread per GPU")
         if last == "DataLoader":
-            self._data_loader(call, scope)
+            self._data_loader(call, scope, one_process)
         if name == "torch.save" or last == "save_file":
             self._saved_wrapper(call, scope)
         else:
@@ -133,7 +134,7 @@ class SetupRules:
 
     # --- data -----------------------------------------------------------------------------
 
-    def _data_loader(self, call: ast.Call, scope: Scope) -> None:
+    def _data_loader(self, call: ast.Call, scope: Scope, one_process: bool) -> None:
         sampler = call_arg(call, 3, "sampler")
         batch_sampler = call_arg(call, 4, "batch_sampler")
         given = [s for s in (sampler, batch_sampler) if s is not None and not is_const(s, None)]
@@ -141,7 +142,7 @@ class SetupRules:
         if given and is_const(shuffle, True):
             assert shuffle is not None
             self.report(shuffle, "GT004", "shuffle=True and a sampler")
-        if not self.dist_setup or self._is_eval_loader(call):
+        if not self.dist_setup or one_process or self._is_eval_loader(call):
             return
         if any(k.arg is None for k in call.keywords) or any(
             isinstance(a, ast.Starred) for a in call.args
@@ -200,7 +201,7 @@ class SetupRules:
     def _assign_target(self, call: ast.Call) -> str | None:
         if self._targets is None:
             self._targets = {}
-            for node in ast.walk(self.facts.tree):
+            for node in self.facts.nodes:
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                     target = node.targets[0] if isinstance(node, ast.Assign) else node.target
                     self._targets[id(node.value)] = dotted(target)
@@ -227,9 +228,11 @@ class SetupRules:
             lookup = self.facts.lookup(obj.id, scope, node_start(obj))
             exprs += [v for v in lookup if v is not None]
         for expr in exprs:
+            unwrapped = _unwrapped_branches(expr)
             for node in ast.walk(expr):
                 if (
-                    isinstance(node, ast.Call)
+                    id(node) not in unwrapped
+                    and isinstance(node, ast.Call)
                     and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "state_dict"
                     and self._is_wrapper(node.func.value, scope)
@@ -313,6 +316,27 @@ class SetupRules:
             evidence = global_rank_source(self.facts, index, scope)
             if evidence is not None:
                 self.report(index, "GT018", evidence)
+
+
+def _unwrapped_branches(expr: ast.AST) -> set[int]:
+    """The nodes of the branch of ``m.module.state_dict() if hasattr(m, "module") else
+    m.state_dict()`` that runs only when ``m`` has no ``.module``: not a wrapper there."""
+    found: set[int] = set()
+    for node in ast.walk(expr):
+        if not isinstance(node, ast.IfExp):
+            continue
+        test, negated = node.test, False
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, negated = test.operand, True
+        if (
+            isinstance(test, ast.Call)
+            and dotted(test.func) == "hasattr"
+            and len(test.args) == 2
+            and isinstance(test.args[1], ast.Constant)
+            and test.args[1].value == "module"
+        ):
+            found |= {id(n) for n in ast.walk(node.body if negated else node.orelse)}
+    return found
 
 
 def global_rank_source(

@@ -57,7 +57,7 @@ def missing_destroy(
     Returns:
         ``(the creating call, evidence)``, or None.
     """
-    calls = [n for n in ast.walk(facts.tree) if isinstance(n, ast.Call)]
+    calls = facts.calls
     script = any(
         isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
         for node in facts.tree.body

@@ -9,7 +9,6 @@ clips? This module answers those questions and holds the rules built on them:
 * gradient accumulation without ``no_sync()`` (``GT013``, :meth:`LoopAnalysis.is_accumulation_loop`
   and :func:`is_no_sync`);
 * clipping before ``scaler.unscale_()`` (``GT012``, :meth:`LoopAnalysis.clips_before_unscale`);
-* a ``GradScaler`` in a bfloat16-only file (``GT011``, :func:`scalers_with_bf16`);
 * an epoch loop over a shuffling distributed sampler's loader without ``set_epoch``
   (``GT005``, :func:`iterates_loader` and :func:`loops_without_set_epoch`).
 
@@ -31,8 +30,9 @@ Example:
 from __future__ import annotations
 
 import ast
+import itertools
 
-from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.calls import call_arg, is_const, node_start, tail
 from gpu_training.diagnostics.lint.model import (
     Imports,
     ModuleFacts,
@@ -48,7 +48,6 @@ __all__ = [
     "is_no_sync",
     "iterates_loader",
     "loops_without_set_epoch",
-    "scalers_with_bf16",
 ]
 
 
@@ -80,10 +79,26 @@ class LoopAnalysis:
         if any(pos < node_start(call) for pos in unscales):
             return False
         body = getattr(scope.node, "body", [])
-        for block, index in _enclosing_blocks(body, call):
+        blocks = _enclosing_blocks(body, call)
+        if self._scalerless_branch(blocks, scope):
+            return False
+        for block, index in blocks:
             for stmt in block[:index]:
                 if any(self._is_scale(n, scope) for n in ast.walk(stmt)):
                     return True
+        return False
+
+    def _scalerless_branch(self, blocks: list[tuple[list[ast.stmt], int]], scope: Scope) -> bool:
+        """The clip sits in the branch of an ``if`` that runs without the scaler: the ``else:``
+        of ``if scaler is not None:`` / ``if scaler:``, or the body of ``if scaler is None:`` /
+        ``if not scaler:``. Nothing is scaled there, so clipping before an ``unscale_`` is right."""
+        for (block, index), (inner, _) in itertools.pairwise(blocks):
+            stmt = block[index]
+            if isinstance(stmt, ast.If) and any(
+                "scaler" in self.facts.kinds(expr, scope) or "scaler" in tail(dotted(expr)).lower()
+                for expr in _absent_in(stmt.test, in_orelse=inner is stmt.orelse)
+            ):
+                return True
         return False
 
     def _is_scale(self, node: ast.AST, scope: Scope) -> bool:
@@ -115,7 +130,8 @@ class LoopAnalysis:
 
     def hands_loader_on(self, loop: ast.For | ast.AsyncFor | ast.While, scope: Scope) -> bool:
         """A loop whose body passes a data loader to a function of the project that iterates
-        it and calls no ``set_epoch`` itself (an epoch loop around ``train(model, loader)``).
+        it and calls no ``set_epoch`` itself (an epoch loop around ``train(model, loader)``),
+        or calls a method that trains over its object's loader (``self._run_epoch(epoch)``).
         A function nobody here can read (an installed package's, ``list.append``) is not
         one: what it does is unknown."""
         for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
@@ -130,6 +146,8 @@ class LoopAnalysis:
                 and "loader" in self.facts.kinds(arg, scope)
                 for arg in [*node.args, *(k.value for k in node.keywords)]
             )
+            # `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.train_data`
+            hands = hands or any(_iterates_own_loader(owner, func) for owner, func in refs)
             if hands and not any(_calls_set_epoch(func) for _, func in refs):
                 return True
         return False
@@ -199,7 +217,7 @@ class LoopAnalysis:
             return False
         if self._following is None:
             self._following = {}
-            for node in ast.walk(self.facts.tree):
+            for node in self.facts.nodes:
                 for name in ("body", "orelse", "finalbody"):
                     block = getattr(node, name, None)
                     if not isinstance(block, list):
@@ -427,6 +445,23 @@ def _enclosing_blocks(body: list[ast.stmt], node: ast.AST) -> list[tuple[list[as
     return found
 
 
+def _absent_in(test: ast.expr, *, in_orelse: bool) -> list[ast.expr]:
+    """The values a branch of ``if test:`` runs without: ``x`` in the ``else:`` of
+    ``if x is not None:`` / ``if x:``, in the body of ``if x is None:`` / ``if not x:``."""
+    if in_orelse:
+        if isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.IsNot):
+            return [test.left] if is_const(test.comparators[0], None) else []
+        return [test] if isinstance(test, (ast.Name, ast.Attribute)) else []
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    found: list[ast.expr] = []
+    for part in parts:
+        if isinstance(part, ast.Compare) and isinstance(part.ops[0], ast.Is):
+            found += [part.left] if is_const(part.comparators[0], None) else []
+        elif isinstance(part, ast.UnaryOp) and isinstance(part.op, ast.Not):
+            found.append(part.operand)
+    return found
+
+
 def _is_accumulation_test(test: ast.expr) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
@@ -454,21 +489,12 @@ def is_no_sync(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     return any(_syncs(item) for item in exprs)
 
 
+_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice"})
+
+
 def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     """Whether a ``for`` loop's iterable is a data loader (through ``enumerate``, ``tqdm``…)."""
-    while (
-        isinstance(expr, ast.Call)
-        and expr.args
-        and tail(dotted(expr.func))
-        in (
-            "enumerate",
-            "tqdm",
-            "iter",
-            "zip",
-            "islice",
-        )
-    ):
-        expr = expr.args[0]
+    expr = _loop_source(expr)
     if "loader" in facts.kinds(expr, scope):
         return True
     return "loader" in tail(dotted(expr)).lower()
@@ -501,50 +527,36 @@ def loops_without_set_epoch(
     return []
 
 
-def scalers_with_bf16(calls: list[ast.Call], facts: ModuleFacts) -> list[ast.Call]:
-    """``GT011``: the enabled ``GradScaler`` calls of a file whose every autocast is bfloat16.
-
-    Args:
-        calls: Every call of the file.
-        facts: The file's facts.
-
-    Returns:
-        The scaler constructions to report (none unless every ``autocast`` is bfloat16).
-    """
-    dtypes: set[str] = set()
-    for call in calls:
-        if tail(call_name(call, facts.imports)) != "autocast":
-            continue
-        dtype = keyword_arg(call, "dtype")
-        if (
-            dtype is None
-            and len(call.args) > 1
-            and "torch.autocast" in call_name(call, facts.imports)
-        ):
-            dtype = call.args[1]
-        dtypes.add(_dtype_name(dtype, facts))
-    if dtypes != {"bfloat16"}:
-        return []
-    found = []
-    for call in calls:
-        if tail(call_name(call, facts.imports)) in ("GradScaler", "ShardedGradScaler"):
-            enabled = keyword_arg(call, "enabled")
-            if enabled is None or is_const(enabled, True):
-                found.append(call)
-    return found
+def _iterates_own_loader(facts: ModuleFacts, func: ast.AST) -> bool:
+    """A method of the project (not an evaluation) whose own loop runs over something its
+    object holds (``for x, y in self.train_data:``) that is a loader or that it trains on
+    (the loop backpropagates): one epoch of training per call."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or EVAL_NAME.search(func.name):
+        return False
+    scope = facts.scopes.get(func)
+    return scope is not None and any(
+        isinstance(node, (ast.For, ast.AsyncFor))
+        and (dotted(_loop_source(node.iter)) or "").startswith("self.")
+        and not EVAL_NAME.search(tail(dotted(_loop_source(node.iter))))
+        and (iterates_loader(node.iter, scope, facts) or _trains(facts, node))
+        for node in iter_scope_nodes(func.body)
+    )
 
 
-def _dtype_name(expr: ast.expr | None, facts: ModuleFacts) -> str:
-    if expr is None:
-        return "default"
-    name = facts.imports.resolve(dotted(expr))
-    if isinstance(expr, ast.Name) and name == expr.id:
-        values = [v for s in facts.scopes.values() for _, v in s.bindings.get(expr.id, [])]
-        resolved = {facts.imports.resolve(dotted(v)) for v in values if v is not None}
-        if len(resolved) == 1:
-            name = resolved.pop()
-    last = tail(name)
-    return {"half": "float16", "bf16": "bfloat16"}.get(last, last or "unknown")
+def _trains(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:
+    """The loop backpropagates, itself or through a function of the project it calls."""
+    return any(
+        isinstance(node, ast.Call)
+        and (_is_backward(node) or any(s.trains for s in facts.summaries(node)))
+        for node in iter_scope_nodes(loop.body)
+    )
+
+
+def _loop_source(expr: ast.expr) -> ast.expr:
+    """What a ``for`` iterates, through ``enumerate``/``tqdm``/``iter``/``zip``/``islice``."""
+    while isinstance(expr, ast.Call) and expr.args and tail(dotted(expr.func)) in _WRAPPERS:
+        expr = expr.args[0]
+    return expr
 
 
 def _calls_set_epoch(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
