@@ -330,3 +330,47 @@ case(
     then(_checkpoint("dcp"), train("dcp", "--set", "training.global_batch_size=32")),
     "training.global_batch_size: 16 -> 32",
 )
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 31: the shapes and the layout of a resume under every strategy (none, DDP, FSDP2,
+# ZeRO) and from every format: one line before launch, nothing written
+
+
+_STRATEGIES = {  # job strategy -> (the format its job writes, its --nproc)
+    "none": ("plain", "1"),
+    "ddp": ("plain", "2"),
+    "fsdp": ("dcp", "2"),
+    "deepspeed": ("deepspeed", "2"),
+}
+
+
+def _resume(strategy: str, nproc: str, *extra: str) -> Callable[[Sandbox], list[str]]:
+    """``train`` of the ``strategy`` job on ``nproc`` ranks, resuming the sandbox's checkpoint."""
+    fmt = _STRATEGIES[strategy][0]
+    changes = {"strategy.name": strategy} if strategy == "none" else None
+    return lambda sb: argv("train", sb.job(fmt, changes), "--nproc", nproc, *extra)
+
+
+_WIDER = ("--set", "task_options.n_embd=64", "--allow-config-change")
+_DONE = {("plain", "ddp"), ("dcp", "fsdp"), ("plain", "fsdp"), ("dcp", "ddp")}
+_DONE |= {("plain", "deepspeed"), ("deepspeed", "ddp")}  # the cases above
+for _fmt in FORMATS:
+    for _strategy, (_own, _nproc) in _STRATEGIES.items():
+        if (_fmt, _strategy) not in _DONE:
+            case(
+                f"train/{_fmt}/other-model-shape-under-{_strategy}",
+                then(_checkpoint(_fmt), _resume(_strategy, _nproc, *_WIDER)),
+                "another shape",
+                "is [",  # the saved shape, then the job's
+                NEWEST,
+                row="resume-other-shape",
+            )
+for _strategy, (_own, _) in _STRATEGIES.items():
+    case(
+        f"train/{_own}/global-batch-16-on-3-ranks-under-{_strategy}",
+        then(_checkpoint(_own), _resume(_strategy, "3")),
+        "--nproc 3",
+        "global batch 16",
+        row="global-batch-nproc-2",
+    )

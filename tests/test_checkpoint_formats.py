@@ -358,7 +358,7 @@ def test_deepspeed_round_trips_a_run_through_its_interface(tmp_path: Path) -> No
         "step": 1,
         "note": "kept",
         "format_of": True,
-        "shapes": None,  # DeepSpeed's engine checks shapes itself
+        "shapes": {"weight": (2, 4), "bias": (2,)},  # param_shapes of its model-states file
         "full": True,
         "extra": "kept",
     }

@@ -168,7 +168,9 @@ def _check_resume(
     if saved is not None:
         with torch.device("meta"):  # the shapes only: no memory, no initialisation
             model = task.build_model()
-        _compare_shapes(step_dir, saved, {k: tuple(v.shape) for k, v in model.state_dict().items()})
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
+        _compare_shapes(step_dir, saved, shapes, frozen)
     change = layout_change(job, manifest, nproc)
     if change is not None:
         print(f"resuming step {manifest.get('step')} {change}", flush=True)
@@ -176,11 +178,16 @@ def _check_resume(
 
 
 def _compare_shapes(
-    step_dir: Path, saved: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]
+    step_dir: Path,
+    saved: dict[str, tuple[int, ...]],
+    wanted: dict[str, tuple[int, ...]],
+    frozen: set[str],
 ) -> None:
     wanted = dict(strip_wrapper_prefixes(wanted))
+    frozen = set(strip_wrapper_prefixes(dict.fromkeys(frozen)))
     differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
-    missing = [k for k in wanted if k not in saved]
+    # DeepSpeed leaves frozen parameters out of its files: the ranks check those as they load
+    missing = [k for k in wanted if k not in saved and k not in frozen]
     unexpected = [k for k in saved if k not in wanted]
     if not (differ or missing or unexpected):
         return

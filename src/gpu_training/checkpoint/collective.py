@@ -60,6 +60,7 @@ from gpu_training.checkpoint.files import (
 from gpu_training.checkpoint.formats import CheckpointFormat, format_of
 from gpu_training.checkpoint.offline import inspect_step
 from gpu_training.checkpoint.safe_load import check_loads_back
+from gpu_training.checkpoint.zip_crc import without_zip_crc32
 from gpu_training.ddp import DistributedContext
 
 __all__ = ["check_plain", "choose_verified", "save_directory"]
@@ -91,7 +92,7 @@ def check_plain(values: Any, what: str) -> None:
 def _write_extra(tmp: Path, extra: Mapping[str, Any]) -> None:
     """Writes ``extra.pt`` durably after checking that it loads with ``weights_only=True``."""
     check_plain(dict(extra), "extra")
-    with open(tmp / EXTRA_NAME, "wb") as f:
+    with open(tmp / EXTRA_NAME, "wb") as f, without_zip_crc32():
         torch.save(dict(extra), cast(IO[bytes], f))
         f.flush()
         os.fsync(f.fileno())
@@ -224,7 +225,7 @@ def save_directory(
 
         written: set[str] = set()
         entries: list[dict[str, Any]] = []
-        with Attempt() as writing:
+        with Attempt() as writing, without_zip_crc32():  # the manifest's checksums cover it
             written = write(shared_tmp)
         if writing.error is not None and uses_process_group(ctx):
             # The peers may be inside the writer's own collectives (DeepSpeed's barrier): an

@@ -469,8 +469,10 @@ class DeepSpeedCheckpointFormat:
         check_pickles([f for f in pickles if f.name == EXTRA_NAME], hint=None)
 
     def saved_shapes(self, step_dir: Path, manifest: Mapping[str, Any]) -> Shapes | None:
-        """None: every rank checks the shapes as it loads."""
-        return None
+        """From the model-states file's ``param_shapes`` (mapped; None if it needs trust)."""
+        from gpu_training.checkpoint.zero_source import zero_shapes  # imports DeepSpeed
+
+        return zero_shapes(step_dir)
 
     def full_state(
         self, step_dir: Path, manifest: Mapping[str, Any], *, trusted: bool = False

@@ -58,6 +58,7 @@ from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 from gpu_training.checkpoint.offline import inspect_step
 from gpu_training.checkpoint.safe_load import check_loads_back, refused_message
 from gpu_training.checkpoint.snapshot import Snapshot, StagingBuffers, snapshot_state
+from gpu_training.checkpoint.zip_crc import without_zip_crc32
 from gpu_training.ddp import DistributedContext
 from gpu_training.process_group import collective_device, process_group_up
 
@@ -148,7 +149,8 @@ class PlainFormat:
                 f"{path} is a sharded (DCP) checkpoint: load it with load_sharded()"
             )
         try:
-            state = torch.load(file, map_location=map_location, weights_only=True)
+            # mapped: the ranks share the page cache's copy, and each copies once, into its model
+            state = torch.load(file, map_location=map_location, weights_only=True, mmap=True)
         except pickle.UnpicklingError as exc:
             # one line, and not torch's advice to re-run with weights_only=False
             raise CheckpointError(refused_message(file, exc, hint=None) or str(exc)) from exc
@@ -333,7 +335,8 @@ class PlainFormat:
             with open(tmp / STATE_NAME, "wb") as raw:
                 sink = HashingWriter(raw, pool)
                 try:
-                    torch.save(clean_state, cast(IO[bytes], sink))
+                    with without_zip_crc32():  # the manifest's checksum covers every byte
+                        torch.save(clean_state, cast(IO[bytes], sink))
                 except Exception as exc:
                     if sink.error is not None and sink.error is not exc:
                         raise sink.error from exc  # the real cause, not "unexpected pos"

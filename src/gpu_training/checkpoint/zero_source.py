@@ -44,7 +44,7 @@ from gpu_training.checkpoint.keys import parameter_name
 from gpu_training.checkpoint.safe_load import load_plain
 from gpu_training.checkpoint.zero_read import load_deepspeed_file
 
-__all__ = ["ZeroLayout", "ZeroSource", "zero_layout"]
+__all__ = ["ZeroLayout", "ZeroSource", "zero_layout", "zero_shapes"]
 
 _OPTIM_RE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 _MODEL_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
@@ -90,6 +90,37 @@ def zero_layout(step_dir: Path, *, trusted: bool = False) -> ZeroLayout:
         offload_optimizer=_device(zero.get("offload_optimizer")),
         offload_param=_device(zero.get("offload_param")),
     )
+
+
+def zero_shapes(step_dir: Path) -> dict[str, tuple[int, ...]] | None:
+    """Name -> shape of the model a ZeRO checkpoint holds, from its rank-0 model-states file.
+
+    The trained parameters' ``param_shapes`` (and ``frozen_param_shapes`` where saved) and the
+    module's buffers; the file is mapped and read under the allow-list, no tensor is read.
+    None where that cannot be said cheaply (ZeRO stage 0, or a file that needs
+    ``--trust-checkpoint``): every rank then checks the shapes as it loads.
+    """
+    try:
+        model = load_deepspeed_file(_model_file(step_dir))
+    except CheckpointError:
+        return None
+    groups = model.get("param_shapes")
+    if not isinstance(groups, list):
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    frozen = model.get("frozen_param_shapes")
+    for group in [*groups, frozen if isinstance(frozen, Mapping) else {}]:
+        for name, shape in group.items():
+            shapes[parameter_name(str(name))] = tuple(int(d) for d in shape)
+    shared = model.get("shared_params")  # tied weights: name -> the parameter it shares
+    for name, owner in shared.items() if isinstance(shared, Mapping) else ():
+        if parameter_name(str(owner)) in shapes:
+            shapes[parameter_name(str(name))] = shapes[parameter_name(str(owner))]
+    module = model.get("module")
+    for name in model.get("buffer_names") or ():
+        if isinstance(module, Mapping) and isinstance(module.get(name), torch.Tensor):
+            shapes[parameter_name(str(name))] = tuple(module[name].shape)
+    return shapes
 
 
 class _Flat:
