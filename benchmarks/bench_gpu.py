@@ -11,7 +11,10 @@ One prepared run for a machine with one NVIDIA GPU (``make bench-gpu``, under 8 
    ``6N + 12·L·H·Q·T`` FLOPs per token (N = non-embedding parameters) against the GPU's
    dense bf16 peak, and peak memory (``torch.cuda.max_memory_allocated``) against
    :func:`gpu_training.memory.estimate_memory` for the same model and batch.
-3. The GPU tier of the tests (``pytest -m "requires_cuda or requires_gpus"``), unless
+3. With 2 GPUs or more, the TP row (benchmarks/bench_tensor_parallel.py on 2 ranks, NCCL):
+   a 2-D step (FSDP × TP 2) ÷ an FSDP step on the same 2 GPUs, a 6-layer 768-wide model in
+   bf16; with fewer it says ``skipped: needs 2 GPUs`` (``--no-tp`` leaves it out).
+4. The GPU tier of the tests (``pytest -m "requires_cuda or requires_gpus"``), unless
    ``--no-tests``.
 
 Usage::
@@ -217,6 +220,20 @@ def estimated_bytes(task: Task, plan: Plan) -> int:
     return int(estimate.allocated)
 
 
+def tp_row(reps: int, steps: int) -> dict[str, Any]:
+    """bench_tensor_parallel.py's row on 2 GPUs (torchrun, NCCL), or why it was skipped."""
+    if torch.cuda.device_count() < 2:
+        print("TP row: skipped: needs 2 GPUs")
+        return {"skipped": "needs 2 GPUs"}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_tensor_parallel as tp_bench
+
+    plan = tp_bench.Plan("gpt2-small", steps=steps, warmup=steps // 3, precision="bf16")
+    row = tp_bench.launch(2, plan, reps, timeout=420)
+    tp_bench.print_table([row], plan)
+    return {"plan": dataclasses.asdict(plan), **row}
+
+
 def run_gpu_tests() -> int:
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "requires_cuda or requires_gpus"]
     print("$ " + " ".join(cmd[2:]), flush=True)
@@ -235,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny model on the CPU: checks the script only"
     )
+    parser.add_argument("--no-tp", action="store_true", help="leave out the TP row (2 GPUs)")
+    parser.add_argument("--tp-reps", type=int, default=2, help="TP row: alternated repetitions")
+    parser.add_argument("--tp-steps", type=int, default=30, help="TP row: steps per run")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/gpu.json")
     parser.add_argument(
         "--job-set",
@@ -317,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = summary["rows"]["manual"]["tokens_per_s"] / summary["rows"]["trainer"]["tokens_per_s"]
     summary["trainer_step_time_vs_manual"] = ratio
     print(f"Trainer step time / hand-written: {ratio:.3f}x (goal <= {GOALS['trainer_vs_manual']})")
+    if not args.no_tp:
+        summary["tp"] = tp_row(args.tp_reps, args.tp_steps)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=2) + "\n")

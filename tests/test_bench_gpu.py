@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from dist_harness import REPO_ROOT, run_python
 
@@ -18,6 +19,7 @@ SCRIPT = REPO_ROOT / "benchmarks" / "bench_gpu.py"
 def test_smoke_run_writes_both_rows(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     args = ["--smoke", "--steps", "12", "--warmup", "4", "--log-every", "4", "--batch", "4"]
+    args += ["--tp-reps", "1", "--tp-steps", "6"]
     proc = run_python([str(SCRIPT), *args, "--reps", "1", "--json", str(out)], timeout=100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -27,11 +29,12 @@ def test_smoke_run_writes_both_rows(tmp_path: Path) -> None:
         row = result["rows"][kind]
         assert math.isfinite(row["tokens_per_s"]) and row["tokens_per_s"] > 0
     assert "Trainer step time / hand-written" in proc.stdout
+    if torch.cuda.device_count() < 2:  # the TP row's argument path, skipped without 2 GPUs
+        assert "TP row: skipped: needs 2 GPUs" in proc.stdout
+        assert result["tp"] == {"skipped": "needs 2 GPUs"}
 
 
 def test_without_cuda_it_says_so_and_exits_0() -> None:
-    import torch
-
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     proc = run_python([str(SCRIPT)], timeout=60)

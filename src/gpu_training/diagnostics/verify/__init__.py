@@ -8,7 +8,9 @@
 - :mod:`~gpu_training.diagnostics.verify.checks` — the checks that train nothing
   (``sampler``, ``data``, ``init``); :mod:`~gpu_training.diagnostics.verify.training_checks`
   — those that train (``grad_sync``, ``params_after_step``, ``accumulation``,
-  ``checkpoint``).
+  ``checkpoint``); :mod:`~gpu_training.diagnostics.verify.tp_checks` — those a job with
+  ``strategy.tensor_parallel`` > 1 adds (``tp_data``, ``tp_grads``, ``tp_replicated``,
+  ``tp_sharded``).
 - :mod:`~gpu_training.diagnostics.verify.plan` — the run the checks share
   (:class:`VerifyPlan`, :class:`VerifyModels`), the loss normalized as the Trainer does it
   (:class:`LossKind`, :class:`StepLoss`) and a check's :class:`CheckResult`;
@@ -39,10 +41,15 @@ _EXPORTS: dict[str, str] = {
     "VerifyPlan": "plan",
     "default_accumulate": "plan",
     "run_verify": "launch",
+    "TP_CHECKS": "tp_checks",
+    "TP_TOLERANCE": "tp_checks",
+    "check_tensor_parallel": "tp_checks",
 }
 
 __all__ = [
     "CHECKS",
+    "TP_CHECKS",
+    "TP_TOLERANCE",
     "CheckResult",
     "GradientSyncError",
     "LossKind",
@@ -52,6 +59,7 @@ __all__ = [
     "VerifyPlan",
     "VerifyReport",
     "assert_grads_in_sync",
+    "check_tensor_parallel",
     "default_accumulate",
     "run_verify",
     "verify_setup",
@@ -77,4 +85,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         VerifyReport,
         assert_grads_in_sync,
         verify_setup,
+    )
+    from gpu_training.diagnostics.verify.tp_checks import (
+        TP_CHECKS,
+        TP_TOLERANCE,
+        check_tensor_parallel,
     )

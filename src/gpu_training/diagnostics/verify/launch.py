@@ -92,9 +92,45 @@ def _resolve(spec: _Spec) -> tuple[Any, SamplerFn | None, AccumulateFn | None]:
     return task, make_sampler, accumulate
 
 
+def _tp_strategy(spec: _Spec) -> Any:
+    """The job file's strategy when it runs tensor parallel (``tensor_parallel`` > 1), else None."""
+    if spec.config is None:
+        return None
+    from gpu_training.job import load_job
+
+    strategy = load_job(spec.config, list(spec.overrides)).strategy
+    return strategy if strategy.tensor_parallel > 1 else None
+
+
+def _tp_checks(task: Any, train: Any, ctx: DistributedContext, spec: _Spec) -> list[Any]:
+    """The tensor-parallel checks of a job whose strategy has ``tensor_parallel`` > 1."""
+    strategy = _tp_strategy(spec)
+    if strategy is None:
+        return []
+    from gpu_training.diagnostics.verify.plan import VerifyPlan
+    from gpu_training.diagnostics.verify.tp_checks import check_tensor_parallel
+    from gpu_training.process_group import collective_device
+    from gpu_training.tasks import count_scored
+
+    plan = VerifyPlan(
+        train,
+        task.loss_sum or task.loss_fn,
+        ctx,
+        collective_device(),
+        spec.batch_size,
+        1,  # one micro-batch per data-parallel replica
+        spec.rtol,
+        spec.atol,
+        spec.seed,
+        count_fn=task.count_targets or count_scored,
+    )
+    return check_tensor_parallel(task.build_model, plan, strategy)
+
+
 def _worker(spec_json: str, result_path: str) -> None:
     """One rank of :func:`run_verify` (``python -m gpu_training.diagnostics.verify.launch``)."""
     from gpu_training.ddp import cleanup_distributed, init_distributed
+    from gpu_training.strategy.spec import StrategyError
 
     spec = _Spec(**json.loads(spec_json))
     ctx = init_distributed(backend=spec.backend)
@@ -116,9 +152,10 @@ def _worker(spec_json: str, result_path: str) -> None:
                 atol=spec.atol,
                 seed=spec.seed,
             )
+            report.checks.extend(_tp_checks(task, train, ctx, spec))
             report.setup = f"task {task.name}: {report.setup}"
             payload: dict[str, Any] = report.to_dict()
-        except VerifyInputError as err:
+        except (VerifyInputError, StrategyError) as err:  # a TP plan that does not apply too
             payload = {"error": str(err)}
         if ctx.is_main_process:
             tmp = Path(result_path + ".tmp")
@@ -175,11 +212,16 @@ def run_verify(
         backend: ``"gloo"``, ``"nccl"`` or None (NCCL with GPUs, else gloo).
         timeout: Seconds before the ranks are killed (None: no limit).
 
+    A job file whose strategy has ``tensor_parallel`` > 1 adds the checks of
+    :mod:`~gpu_training.diagnostics.verify.tp_checks` to the report.
+
     Returns:
         The report (also when checks fail).
 
     Raises:
-        ConfigError: (``TaskError``, ``VerifyInputError``) on bad input, before or from the ranks.
+        ConfigError: (``TaskError``, ``VerifyInputError``, ``StrategyError``) on bad input,
+            before or from the ranks (a job's ``tensor_parallel`` not dividing ``nproc``
+            before they start).
         RuntimeError: If the ranks failed (their output went to stderr) or timed out.
     """
     import subprocess
@@ -204,6 +246,11 @@ def run_verify(
         backend=backend,
     )
     _resolve(spec)  # bad input fails here, in one line, before any process starts
+    strategy = _tp_strategy(spec)
+    if strategy is not None:
+        from gpu_training.strategy.tensor_parallel import check_degree
+
+        check_degree(nproc, strategy.tensor_parallel)  # the strategy's own one-line refusal
     with tempfile.TemporaryDirectory(prefix="gpu-training-verify-") as tmp:
         result = Path(tmp) / "report.json"
         argv = [
