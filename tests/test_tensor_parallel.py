@@ -215,6 +215,7 @@ def hf(root: Path) -> dict[str, Any]:
     jobs = {name: H.job(root / f"hf_{name}", options, s) for name, s in (("one", {"name": "none"}), ("tp2", HF_TP2), ("tp22", HF_TP2))}  # fmt: skip
     return {
         "root": root,
+        "options": options,
         "one": H.train_jobs({"one": jobs["one"]})["one"],
         "tp2": run_ranks(H.train_jobs, 2, args=({"tp2": jobs["tp2"]},), timeout=300)[0]["tp2"],
         "tp22": run_ranks(H.train_jobs, 4, args=({"tp22": jobs["tp22"]},), timeout=300)[0]["tp22"],
@@ -241,6 +242,19 @@ def test_hf_llama_under_tp_matches_one_process_and_exports(
     with torch.no_grad():
         model = AutoModelForCausalLM.from_pretrained(export_hf(step, tmp_path / "out")).eval()
         torch.testing.assert_close(model(H.PROBE).logits, trained, atol=1e-6, rtol=0)
+
+
+@pytest.mark.matrix
+def test_an_hf_tp_group_fed_different_samples_breaks_parity(hf: dict[str, Any]) -> None:
+    """Negative control of the Llama rows: TP 2 whose two ranks read their own samples."""
+    import hf_runs as H
+
+    root = Path(hf["root"])
+    job = H.job(root / "hf_wrong", hf["options"], HF_TP2)
+    run_ranks(tp_jobs.train_hf_wrong_data, 2, args=({"wrong": job},), timeout=300)
+    reference = _weights(root / "hf_one", H.STEPS)
+    diff = _diff(_weights(root / "hf_wrong", H.STEPS), reference)
+    assert diff > 1e-3, f"the control matched one process ({diff:.2e}): the test cannot fail"
 
 
 def test_an_hf_model_without_a_plan_is_refused_in_one_line() -> None:

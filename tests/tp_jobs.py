@@ -93,3 +93,13 @@ def train_wrong_data(job: str) -> str:
     if code != 0:
         raise SystemExit(code)
     return "done"
+
+
+def train_hf_wrong_data(jobs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Rank worker of the Hugging Face negative control: ``hf_runs.train_jobs`` with every
+    TP rank reading its own samples (the data-parallel view replaced by the world's)."""
+    import gpu_training.trainer as trainer_module
+    import hf_runs
+
+    trainer_module.data_parallel_context = lambda ctx, tp: ctx  # type: ignore[assignment]
+    return hf_runs.train_jobs(jobs)
