@@ -58,6 +58,7 @@ from gpu_training.checkpoint.files import (
     SHARDED_FORMAT,
     STATE_NAME,
     CheckpointError,
+    refused_by_environment,
     run_layout,
 )
 from gpu_training.checkpoint.formats import CheckpointFormat, checkpoint_format, format_of
@@ -97,6 +98,7 @@ __all__ = [
     "format_of",
     "load_plain",
     "read_manifest",
+    "refused_by_environment",
     "run_layout",
     "snapshot_state",
     "state_format",

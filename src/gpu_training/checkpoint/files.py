@@ -74,6 +74,27 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written, verified or loaded; the message names the path."""
 
 
+def refused_by_environment(error: BaseException) -> bool:
+    """Whether an OSError (a full disk, a permission) is among ``error``'s causes: the file
+    system refused, not a bug of the code that was saving.
+
+    Example:
+        >>> try:
+        ...     raise CheckpointError("could not save") from OSError(28, "No space left")
+        ... except CheckpointError as err:
+        ...     refused_by_environment(err)
+        True
+    """
+    cause: BaseException | None = error
+    for _ in range(8):
+        if cause is None:
+            return False
+        if isinstance(cause, OSError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 # ----------------------------------------------------------------------------------------------
 # durable file-system primitives
 

@@ -53,6 +53,7 @@ from gpu_training.checkpoint.files import (
     HashingWriter,
     check_step,
     fsync_dir,
+    refused_by_environment,
 )
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
 from gpu_training.checkpoint.offline import inspect_step
@@ -293,36 +294,45 @@ class PlainFormat:
         """Shares rank 0's outcome with every rank and raises a failure everywhere."""
         interrupt, failure = outcome.interrupt, outcome.failure
         message = f"{type(interrupt).__name__} on rank 0" if interrupt else None
-        remote = self._share_status(str(failure) if failure else message)
+        refused = failure is not None and refused_by_environment(failure)
+        remote = self._share_status(str(failure) if failure else message, refused)
         if interrupt is not None:
             raise interrupt
         if failure is not None:
             raise failure
         if remote is not None:
-            raise CheckpointError(
-                f"rank 0 failed to save step {outcome.step} to {self.store.root}: {remote}"
+            text, by_environment = remote
+            relayed = CheckpointError(
+                f"rank 0 failed to save step {outcome.step} to {self.store.root}: {text}"
             )
+            if by_environment:  # a full disk on rank 0 is bad input on every rank alike
+                raise relayed from OSError(text)
+            raise relayed
         return outcome.path
 
-    def _share_status(self, message: str | None) -> str | None:
-        """Broadcasts rank 0's outcome; returns its error message (None on success).
+    def _share_status(
+        self, message: str | None, by_environment: bool = False
+    ) -> tuple[str, bool] | None:
+        """Broadcasts rank 0's outcome; returns its error message and whether the file
+        system refused the write (None on success).
 
         This collective is also the barrier: no rank returns from save() before rank 0 has
         finished writing, and a failure on rank 0 reaches the ranks instead of hanging them.
         """
         if not (self.ctx.is_distributed and process_group_up()):
-            return message
+            return None if message is None else (message, by_environment)
         status = torch.zeros(_STATUS_BYTES, dtype=torch.uint8)
         if self.ctx.is_main_process and message is not None:
             raw = message.encode("utf-8", errors="replace")[: _STATUS_BYTES - 1]
-            status[0] = 1
+            status[0] = 2 if by_environment else 1
             status[1 : 1 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         device_status = status.to(collective_device())
         dist.broadcast(device_status, src=0)
         status = device_status.cpu()
         if int(status[0]) == 0:
             return None
-        return bytes(status[1:].tolist()).rstrip(b"\0").decode("utf-8", errors="replace")
+        text = bytes(status[1:].tolist()).rstrip(b"\0").decode("utf-8", errors="replace")
+        return text, int(status[0]) == 2
 
     def _write(self, state: Mapping[str, Any], step: int, metadata: Any) -> Path:
         """Writes and commits one checkpoint; removes its staging directory on any error."""

@@ -99,25 +99,17 @@ def _bad_input_exits(fit: Callable[[], dict[str, float]]) -> Callable[[], dict[s
     """
     import os
 
-    from gpu_training.checkpoint import CheckpointError
+    from gpu_training.checkpoint import CheckpointError, refused_by_environment
     from gpu_training.config import ConfigError
     from gpu_training.failure import exit_now, record_failure
     from gpu_training.launcher.torchrun import EXIT_NONFINITE, QUIET_ENV
     from gpu_training.nonfinite import NonFiniteError
 
     def bad_input(err: BaseException) -> bool:
-        if isinstance(err, ConfigError):
-            return True
-        # a checkpoint the environment refused (full disk, permissions); not a bug of the
-        # user's code that surfaced while saving (that keeps its traceback)
-        cause: BaseException | None = err
-        for _ in range(8):
-            if cause is None:
-                return False
-            if isinstance(cause, OSError):
-                return True
-            cause = cause.__cause__ or cause.__context__
-        return False
+        # a checkpoint the environment refused (full disk, permissions, on this rank or on
+        # rank 0, relayed); not a bug of the user's code that surfaced while saving (that
+        # keeps its traceback)
+        return isinstance(err, ConfigError) or refused_by_environment(err)
 
     def one_line(err: BaseException, code: int) -> NoReturn:
         # under train --nproc the launcher prints the line, from the root cause's record
