@@ -111,10 +111,13 @@ def _bad_input_exits(fit: Callable[[], dict[str, float]]) -> Callable[[], dict[s
         # keeps its traceback)
         return isinstance(err, ConfigError) or refused_by_environment(err)
 
-    def one_line(err: BaseException, code: int) -> NoReturn:
+    def say(err: BaseException) -> None:
         # under train --nproc the launcher prints the line, from the root cause's record
         if os.environ.get("RANK", "0") == "0" and not os.environ.get(QUIET_ENV):
             print(f"{PROG}: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+
+    def one_line(err: BaseException, code: int) -> NoReturn:
+        say(err)
         raise SystemExit(code) from None
 
     def run() -> dict[str, float]:
@@ -129,8 +132,7 @@ def _bad_input_exits(fit: Callable[[], dict[str, float]]) -> Callable[[], dict[s
                 # mid-run, gloo's threads are alive: interpreter shutdown can abort in them
                 # (docs/design.md, "Traps"), so the rank ends at once, its record written
                 record_failure(err)
-                if os.environ.get("RANK", "0") == "0" and not os.environ.get(QUIET_ENV):
-                    print(f"{PROG}: error: {' '.join(str(err).split())}", file=sys.stderr)
+                say(err)
                 exit_now(EXIT_NONFINITE)
             one_line(err, EXIT_NONFINITE)
 
