@@ -17,6 +17,7 @@ computes the reference (:meth:`StepLoss.whole`).
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
@@ -321,20 +322,29 @@ def check_checkpoint(
 
     ctx, device = plan.ctx, plan.device
     wrapped, optimizer = models.wrapped, models.optimizer
+    unused = bool(models.unused)
     directory = _shared_tmpdir(ctx, checkpoint_dir)
     try:
         optimizer.zero_grad(set_to_none=True)
         ckpt = CheckpointManager(directory, ctx=ctx, keep_last_n=1)
         ckpt.save(capture_training_state(ctx, wrapped, optimizer, step=1), step=1)
+        # The uninterrupted step runs on a fresh DDP wrap of the same state, as the resumed
+        # one does: DDP re-buckets its gradients after its first step, and on 3+ ranks
+        # another bucket layout sums in another order (rounding, not the checkpoint).
+        ongoing = wrap_ddp(
+            copy.deepcopy(unwrap_model(wrapped)), ctx, device, find_unused_parameters=unused
+        )
+        ongoing.eval()
+        ongoing_opt = torch.optim.AdamW(ongoing.parameters(), lr=1e-3)
+        ongoing_opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))
         batches = plan.window(2, ctx.rank)
         loss_fn = models.loss.for_step(batches, ctx)
-        loss_before = _train_step(wrapped, optimizer, batches, loss_fn)
-        after = {k: v.detach().clone() for k, v in unwrap_model(wrapped).state_dict().items()}
+        loss_before = _train_step(ongoing, ongoing_opt, batches, loss_fn)
+        after = {k: v.detach().clone() for k, v in unwrap_model(ongoing).state_dict().items()}
+        del ongoing, ongoing_opt
 
         torch.manual_seed(plan.seed + 7919)  # a different init: only the checkpoint can restore it
-        fresh = wrap_ddp(
-            build_model().to(device), ctx, device, find_unused_parameters=bool(models.unused)
-        )
+        fresh = wrap_ddp(build_model().to(device), ctx, device, find_unused_parameters=unused)
         fresh.eval()
         fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
         restore_training_state(ckpt.load(map_location=device), ctx, fresh, fresh_opt)
