@@ -25,6 +25,16 @@ from torch import Tensor
 __all__ = ["clip_grad_norm", "total_norm"]
 
 
+def _plain_and_alike(grads: Sequence[Tensor]) -> bool:
+    """Plain tensors (no DTensor), on one device, of one dtype, at least one."""
+    if not grads:
+        return False
+    first = grads[0]
+    return all(
+        type(g) is Tensor and g.device == first.device and g.dtype == first.dtype for g in grads
+    )
+
+
 def _meshes(grads: Sequence[Tensor]) -> list[object]:
     meshes: list[object] = []
     for grad in grads:
@@ -55,6 +65,11 @@ def total_norm(grads: Sequence[Tensor]) -> Tensor:
     Returns:
         A 0-d tensor (a replicated DTensor in the one-mesh FSDP2 case, as torch returns it).
     """
+    if _plain_and_alike(grads):
+        # torch.nn.utils.get_total_norm's own arithmetic (one norm per tensor, then the norm
+        # of their stack: bitwise its result), without its grouping by device and dtype,
+        # which costs more than the norms of a small model (measured: 81 vs 40 µs, 4 tensors)
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads), 2.0)))
     if len(_meshes(grads)) <= 1:
         return torch.nn.utils.get_total_norm(grads)
     import torch.distributed as dist
@@ -77,6 +92,11 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -> Ten
     """
     params = [p for p in params if p.grad is not None]
     grads = [p.grad for p in params if p.grad is not None]
+    if _plain_and_alike(grads):  # torch's clip_grad_norm_, its grouping left out (above)
+        with torch.no_grad():
+            norm = total_norm(grads)
+            torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
     if len(_meshes(grads)) <= 1:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     norm = total_norm(grads)
