@@ -35,6 +35,7 @@ from gpu_training.checkpoint.formats import (
     load_model_and_optimizer,
     plain_training_state,
 )
+from gpu_training.checkpoint.loss_scale import carry_into_stepper, loss_scale_of
 from gpu_training.config import ConfigError
 from gpu_training.ddp import DistributedContext
 from gpu_training.job import JobConfig
@@ -170,8 +171,9 @@ def restore_run_state(
     grew) is reseeded from ``(seed, step, rank)`` and its shared-purpose generators (data
     loaders) continue from rank 0's. The restored schedule sets the optimizer's learning
     rate (a checkpoint resharded from another layout carries no param groups); a DeepSpeed
-    checkpoint's ``amp_state`` is None (its engine keeps the loss scale), and a stepper
-    resuming it keeps its own.
+    checkpoint's ``amp_state`` is None (its engine keeps the loss scale): an fp16 stepper
+    resuming it takes the scale its reader found in DeepSpeed's files
+    (:mod:`~gpu_training.checkpoint.loss_scale`).
 
     Raises:
         KeyError: When the state lacks something that was asked to be restored.
@@ -185,7 +187,9 @@ def restore_run_state(
             continue
         saved = state.get(name)
         if saved is None and name == "amp_state" and name in state:
-            continue  # DeepSpeed keeps its loss scale in its own files: none to carry over
+            if amp is not None:  # DeepSpeed keeps its loss scale in its files; its reader found it
+                carry_into_stepper(amp, loss_scale_of(state))
+            continue
         if saved is None:
             raise KeyError(f"checkpoint has no {name} to restore")
         if target is amp and amp is not None and not saved.get("scaler"):
@@ -289,8 +293,9 @@ def layout_change(job: JobConfig, manifest: Mapping[str, Any], world_size: int) 
     """How a resume lays the run out anew, in words; None when it is laid out as written.
 
     The strategy and world size the checkpoint was written with (its manifest's recorded
-    ``strategy``, else its format) against the job's on ``world_size`` ranks, and whether the
-    optimizer state is resharded on the way (either side shards it).
+    ``strategy``, else its format) against the job's on ``world_size`` ranks, whether the
+    optimizer state is resharded on the way (either side shards it) and whether an fp16 loss
+    scale is carried (:mod:`~gpu_training.checkpoint.loss_scale`).
 
     Example:
         >>> job = JobConfig.from_dict({"strategy": "fsdp"})
@@ -311,7 +316,12 @@ def layout_change(job: JobConfig, manifest: Mapping[str, Any], world_size: int) 
     if (then, ranks) == (now, world_size):
         return None
     line = f"written by {then} on {ranks} rank{'s' * (ranks != 1)} under {now} on {world_size}"
-    return line + (": optimizer state resharded" if saved.shards or target.shards else "")
+    notes = ["optimizer state resharded"] if saved.shards or target.shards else []
+    training = config.get("training") if isinstance(config, Mapping) else None
+    was = training.get("precision") if isinstance(training, Mapping) else None
+    if job.training.precision == "fp16" and was in ("fp16", None):  # None: not recorded
+        notes.append("fp16 loss scale carried")  # GradScaler's <-> DeepSpeed's: loss_scale.py
+    return line + (f": {', '.join(notes)}" if notes else "")
 
 
 def _strategy_title(strategy: Mapping[str, Any]) -> str:

@@ -33,8 +33,9 @@ One owner per concern, dependencies one way (each module imports only those abov
   :mod:`~gpu_training.checkpoint.zero_reshard` anything into a DeepSpeed engine and a
   DeepSpeed checkpoint into anything, per parameter
   (:mod:`~gpu_training.checkpoint.full_state`, :mod:`~gpu_training.checkpoint.zero_source`,
-  :mod:`~gpu_training.checkpoint.zero_sink`). Imported on first use (DCP and DeepSpeed cost
-  seconds of import time).
+  :mod:`~gpu_training.checkpoint.zero_sink`; the fp16 loss scale between torch's GradScaler
+  and DeepSpeed's scaler: :mod:`~gpu_training.checkpoint.loss_scale`). Imported on first use
+  (DCP and DeepSpeed cost seconds of import time).
 - :mod:`~gpu_training.checkpoint.manager` — :class:`CheckpointManager`, the façade a training
   loop uses: ``save``/``load`` (plain), ``save_sharded``/``load_sharded``,
   ``load_plain_into`` (plain into shards), ``save_deepspeed``/``load_deepspeed``,

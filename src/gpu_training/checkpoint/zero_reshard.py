@@ -8,7 +8,8 @@ Two every-rank loads, both through per-parameter full state
   as before (:func:`~gpu_training.checkpoint.zero.load_deepspeed`); any other — another world
   size or stage, a plain ``state.pt``, DCP shards — is read parameter by parameter from its
   format's :meth:`~gpu_training.checkpoint.CheckpointFormat.param_source` and written into the
-  engine's own partitions (:func:`~gpu_training.checkpoint.zero_sink.load_into_engine`);
+  engine's own partitions (:func:`~gpu_training.checkpoint.zero_sink.load_into_engine`), and
+  an fp16 loss scale into its loss scaler (:mod:`~gpu_training.checkpoint.loss_scale`);
 - :func:`load_resharded` — a checkpoint read through its format's ``param_source`` into a plain,
   DDP or FSDP2 model and its torch optimizer
   (:func:`~gpu_training.checkpoint.full_state.load_into_module`): how a ZeRO checkpoint resumes
@@ -36,6 +37,7 @@ from gpu_training.checkpoint.collective import choose_verified
 from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
 from gpu_training.checkpoint.formats import DEEPSPEED, format_of
 from gpu_training.checkpoint.full_state import ModuleSink, ParamSource, Sink
+from gpu_training.checkpoint.loss_scale import carry_into_engine, loss_scale_of
 from gpu_training.checkpoint.zero import load_deepspeed
 from gpu_training.checkpoint.zero_sink import EngineSink
 from gpu_training.checkpoint.zero_source import ZeroLayout, zero_layout
@@ -101,6 +103,7 @@ def load_into_deepspeed(
     loaded = _resharded(store, ctx, path, EngineSink(engine), trusted=trusted)
     engine.global_steps = int(loaded[0].get("step", 0))  # what DeepSpeed's own load restores
     engine.global_samples = engine.global_steps * int(engine.train_batch_size())
+    carry_into_engine(engine, loss_scale_of(loaded[0]))  # fp16: a GradScaler's or DeepSpeed's
     return loaded
 
 

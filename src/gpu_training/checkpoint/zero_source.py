@@ -41,6 +41,7 @@ import torch
 from gpu_training.checkpoint.files import EXTRA_NAME, CheckpointError
 from gpu_training.checkpoint.full_state import ParamState
 from gpu_training.checkpoint.keys import parameter_name
+from gpu_training.checkpoint.loss_scale import RUN_STATE_KEY, deepspeed_loss_scale
 from gpu_training.checkpoint.safe_load import load_plain
 from gpu_training.checkpoint.zero_read import load_deepspeed_file
 
@@ -207,6 +208,9 @@ class ZeroSource:
         optim = [load_deepspeed_file(f, trusted=trusted)["optimizer_state_dict"] for *_, f in found]
         self.world_size = len(optim)
         self.stage = int(optim[0].get("zero_stage", 0))
+        # the ranks' scalers agree (overflows are reduced): rank 0's is the run's fp16 scale
+        skipped = int(model.get("skipped_steps") or 0)
+        self._loss_scale = deepspeed_loss_scale(optim[0].get("loss_scaler"), skipped)
         shapes = model.get("param_shapes")
         if not isinstance(shapes, list) or not self.stage:
             raise CheckpointError(f"{step_dir} is not a ZeRO checkpoint (no param_shapes)")
@@ -346,7 +350,10 @@ class ZeroSource:
         return {n: self._buffers[n] for n in names if n in self._buffers}
 
     def run_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``extra.pt``: both the run state and the caller's extra."""
+        """``extra.pt``: both the run state and the caller's extra; the run state with the fp16
+        loss scale DeepSpeed kept in its own files (``loss_scale``, where it was dynamic)."""
         extra = self._step_dir / EXTRA_NAME
         plain = load_plain(extra) if extra.exists() else {}
-        return plain, plain
+        if self._loss_scale is None:
+            return plain, plain
+        return {**plain, RUN_STATE_KEY: self._loss_scale.to_dict()}, plain
