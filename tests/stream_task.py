@@ -4,8 +4,9 @@
 id (``"000123 ..."``); a forward pre-hook on the model appends each training micro-batch's ids
 to ``record_dir/rank<R>.txt``, one line per micro-batch, in the order the step consumed them.
 ``restart=True`` is the negative control: a stream that ignores where it was asked to start,
-as a resume that restarts the stream from its beginning would. :func:`plain_data` is a
-stream without a resume protocol.
+as a resume that restarts the stream from its beginning would. :func:`stateful_task` reads
+the same stream through a torchdata-style stateful iterable (:class:`StatefulLines`).
+:func:`plain_data` is a stream without a resume protocol.
 """
 
 from __future__ import annotations
@@ -51,9 +52,69 @@ class _Restarting:
 
 def recording_task(record_dir: str, restart: bool = False, **options: Any) -> Task:
     """The charlm task on ``options['stream']``, tracing the ids each rank trains on."""
-    task = resolve_task("charlm", options)
-    chars = build_datasets(block_size=options.get("block_size", 16)).tokenizer.chars
-    build_model, build_data = task.build_model, task.build_data
+    task = _traced(resolve_task("charlm", options), record_dir, options.get("block_size", 16))
+    build_data = task.build_data
+
+    def data() -> Any:
+        train, val = build_data()
+        return (_Restarting(train) if restart else train), val
+
+    task.build_data = data
+    return task
+
+
+class StatefulLines(IterableDataset[Any]):
+    """This rank's share of a stream (record ``i`` on rank ``i % world``) that keeps its own
+    position, torchdata's way: ``state_dict`` / ``load_state_dict``, no ``records``/``decode``.
+
+    ``forget`` is the negative control (a state never restored); ``bad_state`` puts an object
+    in the state.
+    """
+
+    def __init__(self, stream: Any, *, forget: bool = False, bad_state: bool = False) -> None:
+        self.stream, self.forget, self.bad_state = stream, forget, bad_state
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.next = 0  # this rank's records yielded in the current pass
+
+    def __iter__(self) -> Iterator[Any]:
+        records = self.stream.records(self.rank + self.next * self.world)
+        for i, record in enumerate(records):
+            if i % self.world == 0:
+                self.next += 1  # counted before the yield: the state is after this sample
+                yield self.stream.decode(record)
+        self.next = 0  # the next pass reads the stream from its start
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"next": self.next, "world": self.world}
+        if self.bad_state:
+            state["reader"] = {"stream": self.stream}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.forget:
+            self.next = int(state["next"])
+
+
+def stateful_task(
+    record_dir: str, forget: bool = False, bad_state: bool = False, **options: Any
+) -> Task:
+    """The charlm task on ``options['stream']`` read through :class:`StatefulLines`, traced."""
+    task = _traced(resolve_task("charlm", options), record_dir, options.get("block_size", 16))
+    build_data = task.build_data
+
+    def data() -> Any:
+        train, val = build_data()
+        return StatefulLines(train, forget=forget, bad_state=bad_state), val
+
+    task.build_data = data
+    return task
+
+
+def _traced(task: Task, record_dir: str, block_size: int) -> Task:
+    """``task`` with each training micro-batch's ids appended to ``record_dir/rank<R>.txt``."""
+    chars = build_datasets(block_size=block_size).tokenizer.chars
+    build_model = task.build_model
 
     def record(module: nn.Module, args: tuple[Any, ...]) -> None:
         if not module.training:
@@ -68,11 +129,7 @@ def recording_task(record_dir: str, restart: bool = False, **options: Any) -> Ta
         built.register_forward_pre_hook(record)
         return built
 
-    def data() -> Any:
-        train, val = build_data()
-        return (_Restarting(train) if restart else train), val
-
-    task.build_model, task.build_data = model, data
+    task.build_model = model
     return task
 
 

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "meta_device",
             "data",
             "streaming",
+            "stateful_stream",
             "train_data",
             "step",
             "telemetry",

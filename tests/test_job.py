@@ -47,6 +47,20 @@ def test_config_hash_ignores_world_size_but_not_math() -> None:
     assert a.config_hash() != c.config_hash()
 
 
+def test_stream_workers_are_not_the_math_but_older_hashes_still_match() -> None:
+    """How many DataLoader workers read a stream is not in the hash (any count feeds a step
+    the same samples; tests/test_streaming.py resumes at another count through the CLI); a
+    manifest hashed while it counted still matches, and the change is listed as not math."""
+    two = _job(task_options={"stream": "s.jsonl", "stream_workers": 2})
+    three = _job(task_options={"stream": "s.jsonl", "stream_workers": 3})
+    assert two.config_hash() == three.config_hash()
+    assert three.changes_since(two.to_dict()) == ([], ["task_options.stream_workers: 2 -> 3"])
+    # a manifest hashed while the count was math: recognised at its own count only
+    assert two.config_hashes()[-1] not in (two.config_hash(), three.config_hashes()[-1])
+    other = _job(task_options={"stream": "other.jsonl", "stream_workers": 2})
+    assert other.config_hash() != two.config_hash()  # the rest of task_options still is
+
+
 @pytest.mark.parametrize(
     ("sections", "field", "fragment"),
     [

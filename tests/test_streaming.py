@@ -174,7 +174,7 @@ def _job(tmp: Path, out: Path, stream: Path) -> Path:
     job = {
         "task": "stream_task:recording_task",
         "task_options": {
-            "record_dir": str(out / "ids"),
+            "record_dir": str(tmp / "ids_live"),  # one path for every run: not a math change
             "stream": str(stream),
             "block_size": 16,
             "n_layer": 1,
@@ -204,23 +204,31 @@ def _job(tmp: Path, out: Path, stream: Path) -> Path:
             "progress": False,
         },
     }
-    (out / "ids").mkdir(parents=True)
     path = tmp / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
+
+
+def _train_recorded(path: Path, world: int, out: Path, *args: str) -> str:
+    """``train`` with the ids the ranks trained on moved to ``out/ids`` after it."""
+    live = path.parent / "ids_live"
+    shutil.rmtree(live, ignore_errors=True)
+    live.mkdir()
+    printed = train(path, world, *args)
+    shutil.move(live, out / "ids")
+    return printed
 
 
 def _resume(tmp: Path, run: Path, name: str, world: int, *sets: str) -> tuple[list, Path]:
     """``run``'s step-3 checkpoint resumed on ``world`` ranks; its steps 4..6 and output dir."""
     out = tmp / name
     shutil.copytree(run, out, ignore=shutil.ignore_patterns("step-00000006", "ids"))
-    (out / "ids").mkdir()
     job = yaml.safe_load((tmp / f"{run.name}.yaml").read_text())
     job["run"]["output_dir"] = str(out)
-    job["task_options"]["record_dir"] = str(out / "ids")
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
-    printed = train(path, world, "--allow-config-change", *sets)
+    # no --allow-config-change: neither the world size nor the worker count is the math
+    printed = _train_recorded(path, world, out, *sets)
     assert "resumed from" in printed
     return read_steps(out / "ids", world, G // (world * B)), out
 
@@ -231,7 +239,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]
     tmp = tmp_path_factory.mktemp("stream")
     stream = write_stream(tmp / "stream.jsonl", 100)
     run = tmp / "run"
-    train(_job(tmp, run, stream), 2)
+    _train_recorded(_job(tmp, run, stream), 2, run)
     whole = read_steps(run / "ids", 2, 2)
     assert [sorted(_flat(s)) for s in whole] == [
         list(range(k * G, (k + 1) * G)) for k in range(STEPS)
@@ -264,7 +272,8 @@ def test_trainer_stream_resumes_exactly(uninterrupted: tuple[Path, list]) -> Non
     _other_world_size(run, whole, 1, 0)
 
     # the negative control: a resume that restarts the stream from its beginning
-    again, _ = _resume(tmp, run, "restart", 2, "--set", "task_options.restart=true")
+    sets = ("--allow-config-change", "--set", "task_options.restart=true")
+    again, _ = _resume(tmp, run, "restart", 2, *sets)
     assert again != whole[3:]
     assert Counter(i for s in whole[:3] + again for i in _flat(s)) != Counter(range(STEPS * G))
 

@@ -129,7 +129,7 @@ class StreamPosition:
         """The pass reached the end of the stream."""
         self._replay = True
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """Plain ints: ``epoch``, ``position`` (global steps), ``cursor`` (samples), ``G``."""
         return {
             "stream": 1,
@@ -150,6 +150,12 @@ class StreamPosition:
                 "the checkpoint's data position is a map-style sampler's, but this job reads "
                 "a stream: resume it with the data it was written with, or use another "
                 "checkpoint.dir"
+            )
+        if state["stream"] != 1:  # 0: a stream without a protocol; 2: per-rank states
+            raise ConfigError(
+                "cannot resume: the checkpoint's data position is another kind of stream's "
+                f"(kind {state['stream']}), not a global cursor: resume it with the data it "
+                "was written with, or use another checkpoint.dir"
             )
         if int(state["global_batch_size"]) != self.global_batch_size:
             raise ConfigError(

@@ -5,6 +5,9 @@
 * A :class:`~gpu_training.streaming.SampleStream`: the global sample cursor
   (:class:`~gpu_training.streaming.StreamPosition`), read in order, resumable at any world
   size, with the task's DataLoader workers.
+* An iterable dataset with ``state_dict`` / ``load_state_dict`` (torchdata's convention):
+  read as the user shards it, in the training process; every rank's state is saved and
+  restored (:class:`~gpu_training.stateful_stream.StatefulPosition`), same world size only.
 * Any other iterable dataset: read as the user shards it; it trains, but cannot resume
   (:class:`~gpu_training.streaming.NoPosition` refuses in one line).
 
@@ -33,6 +36,7 @@ from torch.utils.data import DataLoader, default_collate
 from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.data import GlobalBatchSampler
 from gpu_training.ddp import DistributedContext
+from gpu_training.stateful_stream import StatefulPosition, is_stateful_iterable
 from gpu_training.streaming import (
     NoPosition,
     RankStream,
@@ -56,8 +60,8 @@ class DataPosition(Protocol):
         """Select an epoch."""
         ...
 
-    def state_dict(self) -> dict[str, int]:
-        """What a checkpoint keeps."""
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (plain data)."""
         ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -113,7 +117,7 @@ def check_train_data(train: Any, cfg: TrainingConfig) -> int:
 
 def resume_refusal(train: Any) -> str | None:
     """Why a run over ``train`` cannot resume (a stream without the protocol), else None."""
-    if _is_map_style(train) or is_sample_stream(train):
+    if _is_map_style(train) or is_sample_stream(train) or is_stateful_iterable(train):
         return None
     try:
         NoPosition(type(train).__name__).load_state_dict({})
@@ -133,15 +137,16 @@ def build_train_data(
     """The loader and data position of ``train`` for this rank.
 
     Args:
-        train: A map-style dataset, a :class:`~gpu_training.streaming.SampleStream`, or an
-            iterable dataset without a resume protocol.
+        train: A map-style dataset, a :class:`~gpu_training.streaming.SampleStream`, an
+            iterable dataset with ``state_dict``/``load_state_dict``, or one without either.
         cfg: The training section for this world size.
         ctx: This rank and the world size.
         workers: DataLoader workers for a stream (map-style data is read in the process).
         pin_memory: Pin batches (CUDA).
 
     Raises:
-        ConfigError: As :func:`check_train_data`.
+        ConfigError: As :func:`check_train_data`; for a stateful iterable, also workers > 0
+            or a ``state_dict()`` that is not data.
     """
     total = check_train_data(train, cfg)
     # A private generator: each iter(DataLoader) must not draw from the global RNG.
@@ -164,6 +169,8 @@ def build_train_data(
             ranked, batch_size=None, num_workers=workers, generator=generator, pin_memory=pin_memory
         )
         return TrainData(position, StreamLoader(loader, position, accumulation), gens, total)
+    if is_stateful_iterable(train):
+        return _stateful_data(train, cfg, ctx, workers, pin_memory, gens, total)
     if not _is_map_style(train):
         plain = DataLoader(train, batch_size=b, num_workers=workers, pin_memory=pin_memory)
         return TrainData(
@@ -172,3 +179,29 @@ def build_train_data(
     sampler = GlobalBatchSampler(len(train), cfg.effective_batch_size, b, ctx, seed=cfg.seed)
     loader = DataLoader(train, batch_sampler=sampler, generator=generator, pin_memory=pin_memory)
     return TrainData(sampler, loader, gens, total)
+
+
+def _stateful_data(
+    train: Any,
+    cfg: TrainingConfig,
+    ctx: DistributedContext,
+    workers: int,
+    pin_memory: bool,
+    gens: dict[str, torch.Generator],
+    total: int,
+) -> TrainData:
+    name = type(train).__name__
+    if workers:
+        # a worker's copy reads ahead of the step: its state is not the step's, and unseen
+        raise ConfigError(
+            f"the training stream {name} keeps its own state (state_dict/load_state_dict) and "
+            f"is read in the training process: set the task's loader workers to 0 (got "
+            f"{workers}), or implement records(start)/decode(record) to read it with workers"
+        )
+    position = StatefulPosition(train, ctx, cfg.effective_batch_size)
+    position.own_state()  # a state that is not data: refused now, not at the first save
+    b = cfg.per_device_batch_size
+    # num_workers=0: the DataLoader pulls b samples per micro-batch, none ahead of the step
+    plain = DataLoader(train, batch_size=b, num_workers=0, pin_memory=pin_memory)
+    loader = StreamLoader(plain, position, cfg.gradient_accumulation_steps)
+    return TrainData(position, loader, gens, total)
