@@ -1,7 +1,7 @@
 """Tensor parallel's cost: a 2-D (FSDP × TP) step ÷ an FSDP step, same job, same run.
 
 The built-in char transformer (bench_trainer.py's charlm: 2 layers × 128, block 64; the
-plan splits each block's MLP, colwise then rowwise) is trained by ``Trainer(job).fit()``
+plan splits each block's attention heads and MLP, colwise then rowwise) is trained by ``Trainer(job).fit()``
 on the same ranks with the same global batch, precision (fp32 on CPUs), AdamW and clipping:
 
 - ``fsdp``: ``strategy: {name: fsdp}`` over every rank;

@@ -144,6 +144,7 @@ tp-without-fsdp          | {strategy.name: ddp, strategy.tensor_parallel: 2}    
 tp-no-plan               | {task: {model: "tp_jobs:planless_model", data: "masked_task:data"}, strategy.name: fsdp, strategy.tensor_parallel: 2} | strategy.tp_plan; CharTransformer ships no tensor-parallel plan
 tp-pattern-unmatched     | {strategy.name: fsdp, strategy.tensor_parallel: 2, strategy.tp_plan: {"blocks.*.mlp.fc": colwise}} | strategy.tp_plan; pattern 'blocks.*.mlp.fc' matches no module
 tp-plan-style-typo       | {strategy.name: fsdp, strategy.tensor_parallel: 2, strategy.tp_plan: {"blocks.*.mlp.c_fc": colwize}} | strategy.tp_plan; did you mean 'colwise'
+tp-heads-not-dividing    | {task_options.n_head: 1, strategy.name: fsdp, strategy.tensor_parallel: 2} | strategy.tensor_parallel; 2 ranks cannot split the model's 1 attention heads
 """)
 for _name, _changes, _expect in _TASKS:
     _row = "task-option-out-of-range" if _name == "block-size-beyond-corpus" else None

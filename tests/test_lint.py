@@ -143,6 +143,7 @@ def test_world_size_tests_are_read_by_direction() -> None:
     """`world_size == 1` holds in one process, `world_size > 1` in every process of a group:
     the `else:` of the second is the single-process path (issue 33; main read both as the
     single-process test, so `if world_size > 1:` made its body rank-0-only code)."""
+
     def read_one(text: str) -> bool:
         # one ModuleFacts per expression: its guard cache is keyed by node id, and a node
         # of a tree already collected may share an id with the next one (CI saw that)

@@ -5,14 +5,15 @@ at every step; 8 AdamW steps of a global batch of 16, fp32), shared by the modul
 
 - one process (``strategy: none``), the reference;
 - TP = 2 on 2 ranks (one data-parallel replica: 1 x 4 x 4 accumulation) and 2 x 2 on 4 ranks
-  (FSDP over 2 replicas of TP 2: 2 x 4 x 2), both with the built-in model's own plan;
+  (FSDP over 2 replicas of TP 2: 2 x 4 x 2), both with the built-in model's own plan (each
+  block's attention heads and MLP split; the attention's dropout on);
 - the negative control: TP = 2 on 2 ranks whose TP ranks each read their own samples.
 
 The weights after 8 steps and the validation losses must equal one process's within 1e-5;
 the control must not; the 2-D run stopped after step 4 resumes under DDP. The other resumes
 (2-D into FSDP alone, another TP size, itself; FSDP and DDP back into 2-D), ``ckpt
-consolidate``, the user's plans and the Hugging Face Llama with its export are marked
-``matrix`` (``make test-tp``): they cost a run each. Bad input (a degree that does not
+consolidate``, the user's plans, bf16 under TP against FSDP alone and the Hugging Face Llama
+with its export are marked ``matrix`` (``make test-tp``): they cost a run each. Bad input (a degree that does not
 divide the world size, TP without fsdp, no plan, a pattern that matches nothing, a style
 typo) is in the bad-input harness (tests/bad_input_cli_cases.py).
 """
@@ -200,6 +201,37 @@ def test_a_users_plan_from_the_job_file_or_an_import_string(root: Path, one: Pat
         out = _run(root, name, 2, {**TP2, "tp_plan": plan}, model="tp_jobs:planless_model")
         diff = _diff(_weights(one), _weights(out))
         assert diff <= TOL, f"user plan ({name}): {diff:.2e}"
+
+
+# --- bf16 ----------------------------------------------------------------------------------
+
+BF16_TOL = 1e-2
+"""bf16 under TP vs FSDP alone (measured: see test below and docs/strategies.md)."""
+
+
+def _bf16(root: Path, name: str, nproc: int, strategy: dict[str, Any]) -> Path:
+    train(tp_jobs.job_file(root, name, strategy), nproc, "--set", "training.precision=bf16")
+    return root / name
+
+
+@pytest.mark.matrix
+def test_bf16_under_tp_ends_close_to_fsdp_alone(root: Path, one: Path) -> None:
+    """TP 2 on 2 ranks and FSDP alone on 1 (one data-parallel replica each), both bf16.
+
+    Not bitwise: FSDP computes in bf16 copies of the weights, and TP rounds at other places
+    (each rank's rowwise partial sum is rounded to bf16 before the all-reduce adds them; one
+    process rounds the whole sum once), so the two runs differ by bf16 rounding (2^-8
+    relative), carried through 8 AdamW steps; the bound is the distance of bf16 from fp32.
+    """
+    fsdp = _bf16(root, "bf16_fsdp", 1, {"name": "fsdp", "block_classes": ["Block"]})
+    tp = _bf16(root, "bf16_tp2", 2, TP2)
+    reference = _weights(one)
+    apart, from_fp32 = _diff(_weights(tp), _weights(fsdp)), _diff(_weights(fsdp), reference)
+    print(f"bf16: TP 2 vs FSDP {apart:.2e}; FSDP bf16 vs fp32 {from_fp32:.2e}")
+    assert from_fp32 > 1e-4, f"bf16 was not used: {from_fp32:.2e} from the fp32 run"
+    assert apart <= BF16_TOL and apart <= 2 * from_fp32, f"TP 2 vs FSDP in bf16: {apart:.2e}"
+    losses = [_val_losses(out) for out in (tp, fsdp)]
+    assert losses[0] == pytest.approx(losses[1], abs=2e-2) and losses[0][-1] < losses[0][0]
 
 
 # --- Hugging Face Llama ---------------------------------------------------------------------

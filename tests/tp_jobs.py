@@ -58,7 +58,8 @@ def planless_model() -> nn.Module:
 
 
 def mlp_plan(model: nn.Module, tp_mesh: Any) -> None:
-    """A plan as code (``strategy.tp_plan: tp_jobs:mlp_plan``): each MLP, as the built-in's."""
+    """A plan as code (``strategy.tp_plan: tp_jobs:mlp_plan``): each MLP, as the built-in's
+    MLP (the built-in plan splits the attention too)."""
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,

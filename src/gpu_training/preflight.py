@@ -86,8 +86,8 @@ def check_launch(
     Raises:
         ConfigError: The first problem, naming the field, flag or file.
     """
-    task = check_job(job)
     check_degree(nproc, job.strategy.tensor_parallel)  # TP's ranks read one replica's data
+    task = check_job(job)  # after: a degree that splits no world of this size says so first
     try:
         cfg = job.training.for_world_size(nproc // job.strategy.tensor_parallel)
     except ConfigError as err:

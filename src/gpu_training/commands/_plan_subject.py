@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_training.commands._plan_model_split import ModelSplit, model_split
 from gpu_training.commands._sizing_inputs import batch_factory
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class Subject:
     tokens_per_sample: int | None = None
     shape: TransformerShape | None = None
     """For a transformer shape: its layers, heads and widths (what tensor parallel splits)."""
+    split: ModelSplit | None = None
+    """For a model: its tensor-parallel plan and what it splits (or why it has none)."""
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -127,10 +130,9 @@ def measure_subject(args: argparse.Namespace) -> Subject:
     sections: dict[str, Any] | None = {"task": args.model}
     if args.hf_config is not None:
         task = _hf_config_task(args.hf_config, args.seq)
-        sections = {
-            "task": "hf",
-            "task_options": {"config": args.hf_config, "block_size": task.tokens_per_sample},
-        }
+        # --task-option (tokenizer, train_files...) reaches the printed job: then it trains.
+        hf_options = {"config": args.hf_config, "block_size": task.tokens_per_sample}
+        sections = {"task": "hf", "task_options": {**hf_options, **options}}
     elif Path(args.model).suffix.lower() in _JOB_SUFFIXES:
         from gpu_training.job import load_job
         from gpu_training.tasks import build_task
@@ -151,6 +153,7 @@ def measure_subject(args: argparse.Namespace) -> Subject:
     )
     with torch.device("meta"):  # structure only: a 70B model costs nothing here
         model = task.build_model()
+    split = model_split(model, job)
     train_set, _ = task.build_data()
     try:
         profile = profile_memory(
@@ -177,6 +180,7 @@ def measure_subject(args: argparse.Namespace) -> Subject:
         flops_per_token=task.flops_per_token,
         flops_source=f"the task's flops_per_token ({task.name})",
         tokens_per_sample=task.tokens_per_sample,
+        split=split,
     )
 
 

@@ -1,13 +1,17 @@
 """``gpu-training plan``'s 2-D layout: FSDP across nodes, tensor parallel inside a node.
 
 :func:`tensor_parallel_option` sizes ``strategy: {name: fsdp, tensor_parallel: t}`` for a
-transformer shape: its memory per GPU (:meth:`~gpu_training.memory.MemoryProfile.estimate`
+transformer shape, or a model with a plan (its own, or the job file's ``strategy.tp_plan``;
+what the plan leaves whole counts ``t`` times: :mod:`~gpu_training.commands._plan_model_split`):
+its memory per GPU (:meth:`~gpu_training.memory.MemoryProfile.estimate`
 with ``tensor_parallel``), its batch (a data-parallel group's) and, with the hardware, its
 step time (:func:`gpu_training.cost.step_time`). It is recommended when FSDP alone does not
 fit without offload and it does, or when FSDP fits and the 2-D step is faster. ``t`` divides
 the GPUs per node (its all-reduces need the node's links), the heads, the KV heads, the
-hidden size and the MLP width; ``--tensor-parallel t`` asks for one, and a ``t`` that cannot
-be is refused in one line. Private to :mod:`gpu_training.commands`.
+hidden size and the MLP width (a model: the widths and heads its plan splits);
+``--tensor-parallel t`` asks for one, and a ``t`` that cannot be (or a model without a plan)
+is refused in one line. A model is not timed: its task gives FLOPs, not the layers that TP's
+all-reduces are counted by. Private to :mod:`gpu_training.commands`.
 """
 
 from __future__ import annotations
@@ -81,22 +85,71 @@ def degrees(shape: TransformerShape, per_node: int, gpus: int) -> list[int]:
     return [t for t in range(2, per_node + 1) if all(v % t == 0 for v in limits)]
 
 
-def _check_requested(t: int, shape: TransformerShape | None, per_node: int, gpus: int) -> None:
+def _model_degrees(subject: Subject, per_node: int, gpus: int) -> list[int]:
+    """The degrees a model's plan takes (its widths and heads), inside a node."""
+    split = subject.split
+    if split is None or split.missing:
+        return []
+    fits = [t for t in range(2, per_node + 1) if per_node % t == 0 and gpus % t == 0]
+    return [t for t in fits if split.refusal(t) is None]
+
+
+def _check_requested(t: int, subject: Subject, per_node: int, gpus: int) -> None:
     from gpu_training.cli import UsageError
 
-    if shape is None:
+    shape, split = subject.shape, subject.split
+    if shape is None and split is None:
         raise UsageError(
             f"plan: --tensor-parallel {t}: the layers to split are known for a transformer "
-            "shape only (--layers/--hidden, with --heads, --kv-heads, --ffn as known)"
+            "shape (--layers/--hidden, with --heads, --kv-heads, --ffn as known) or a model "
+            "with a tensor-parallel plan"
         )
+    if split is not None and split.missing:
+        raise UsageError(f"plan: --tensor-parallel {t}: {split.missing}")
     if per_node % t:
         raise UsageError(
             f"plan: --tensor-parallel {t}: tensor parallelism never spans nodes (its "
             f"all-reduces need the node's links): it must divide the GPUs per node ({per_node})"
         )
+    if shape is None:
+        assert split is not None  # refused above otherwise
+        if gpus % t:
+            raise UsageError(f"plan: --tensor-parallel {t}: it must divide the GPUs ({gpus})")
+        refusal = split.refusal(t)
+        if refusal is not None:
+            raise UsageError(f"plan: --tensor-parallel {t}: {refusal}")
+        return
     for what, value in _constraints(shape, per_node, gpus).items():
         if value % t:
             raise UsageError(f"plan: --tensor-parallel {t}: it must divide the {what} ({value})")
+
+
+def _whole_state(estimate: MemoryEstimate, share: float, t: int) -> MemoryEstimate:
+    """``estimate`` with the state a plan leaves whole on each of the ``t`` GPUs of a group.
+
+    The estimate shards all state over every GPU; what the plan does not split (``1 - share``
+    of it) FSDP shards over the data-parallel groups only: ``t`` times as much per GPU. The
+    peak grows by as much (an upper bound: the optimizer step holds all of it at once).
+    """
+    import dataclasses
+
+    scale = share + (1 - share) * t
+    state = (estimate.parameters, estimate.gradients, estimate.optimizer_state)
+    w, g, o = (round(x * scale) for x in state)
+    grown = w + g + o - estimate.model_state
+    peak = None if estimate.peak is None else estimate.peak + grown
+    note = (
+        f"the plan splits {share:.0%} of the parameters; the rest stay whole on each of the "
+        f"{t} GPUs of a group, sharded over the data-parallel groups only"
+    )
+    return dataclasses.replace(
+        estimate,
+        parameters=w,
+        gradients=g,
+        optimizer_state=o,
+        peak=peak,
+        notes=(*estimate.notes, note),
+    )
 
 
 def tensor_parallel_option(
@@ -109,9 +162,9 @@ def tensor_parallel_option(
 ) -> TensorParallelOption | None:
     """The 2-D layout to show beside the 1-D ``choice`` (at ``batch``), or None.
 
-    None when the plan has nothing to say about it: ``--tensor-parallel 1``, a model that is
-    not a shape, no degree the shape and nodes allow, or a 1-D choice that fits without
-    offload and is not slower (or there is no hardware to time the two).
+    None when the plan has nothing to say about it: ``--tensor-parallel 1``, a model without
+    a plan, no degree the shape (or plan) and nodes allow, or a 1-D choice that fits without
+    offload and is not slower (or there is no hardware or shape to time the two).
 
     Raises:
         UsageError: ``--tensor-parallel t`` that cannot be (named in one line).
@@ -123,18 +176,24 @@ def tensor_parallel_option(
     if requested is not None:
         if requested == 1:
             return None
-        _check_requested(requested, subject.shape, per_node, n)
-    if subject.shape is None:
-        return None
-    allowed = [requested] if requested is not None else degrees(subject.shape, per_node, n)
+        _check_requested(requested, subject, per_node, n)
+    if requested is not None:
+        allowed = [requested]
+    elif subject.shape is not None:
+        allowed = degrees(subject.shape, per_node, n)
+    else:
+        allowed = _model_degrees(subject, per_node, n)
     one_d_fits = preference(choice) <= 1  # none, DDP or FSDP, fitting: no offload
-    if not allowed or (requested is None and one_d_fits and cost is None):
+    # A model is timed by its task's FLOPs, not a shape's layers: no 2-D time to compare.
+    timed = cost is not None and subject.shape is not None
+    if not allowed or (requested is None and one_d_fits and not timed):
         return None
+    share = 1.0 if subject.split is None else subject.split.share
     probe = args.micro_batch or 1
     modes = (False, True) if subject.profile.checkpoint_samples is not None else (False,)
 
     def estimate(t: int, ckpt: bool, micro: int) -> MemoryEstimate:
-        return subject.profile.estimate(
+        flat = subject.profile.estimate(
             micro,
             strategy="fsdp",
             world_size=n,
@@ -142,6 +201,7 @@ def tensor_parallel_option(
             overhead_bytes=args.overhead,
             tensor_parallel=t,
         )
+        return flat if share >= 1.0 else _whole_state(flat, share, t)
 
     # Least tensor parallel first, then without checkpointing (as the 1-D tree prefers).
     tried = [(t, ckpt) for t in allowed for ckpt in modes]

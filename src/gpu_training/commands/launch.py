@@ -229,12 +229,13 @@ def _check_job(config: str, train_args: list[str], ranks: tuple[int, int] | None
     if parsed.nproc != 1:
         raise _usage("give the process count to launch (--nproc N before CONFIG), not in ARGS")
     job = load_job(config, list(parsed.overrides))
+    if ranks is not None:  # first: a degree that splits no world of this size says so
+        check_degree(ranks[0] * ranks[1], job.strategy.tensor_parallel)
     check_job(job)
     if ranks is None:
         return
     nproc, nnodes = ranks
     flags = f"--nproc {nproc}" + (f" x --nnodes {nnodes}" if nnodes > 1 else "")
-    check_degree(nproc * nnodes, job.strategy.tensor_parallel)
     try:
         job.training.for_world_size(nproc * nnodes // job.strategy.tensor_parallel)
     except ConfigError as err:

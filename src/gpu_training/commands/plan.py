@@ -13,9 +13,10 @@ With the hardware and the amount to train (``--gpu-type h100 --tokens 1e10``) it
 the step time, tokens/s, hours and dollars of every strategy beside the memory table
 (:mod:`gpu_training.commands._plan_cost`, the model in :mod:`gpu_training.cost`).
 
-For a transformer shape on several GPUs per node it also sizes the 2-D layout, FSDP across
-nodes and tensor parallel inside one (``strategy: {name: fsdp, tensor_parallel: T}``), and
-recommends it when FSDP alone does not fit without offload, or steps slower
+For a transformer shape, or a model with a tensor-parallel plan, on several GPUs per node it
+also sizes the 2-D layout, FSDP across nodes and tensor parallel inside one
+(``strategy: {name: fsdp, tensor_parallel: T}``), and recommends it when FSDP alone does not
+fit without offload, or steps slower
 (:mod:`~gpu_training.commands._plan_tensor_parallel`).
 
 This module is the command line and the run; its parts are
@@ -125,7 +126,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an option of the task / model factory (repeatable), e.g. n_layer=8",
+        help="an option of the task / model factory (repeatable), e.g. n_layer=8; with "
+        "--hf-config, task_options the printed job carries (tokenizer=DIR, train_files=[...])",
     )
     shape = plan.add_argument_group("transformer shape (instead of MODEL)")
     shape.add_argument("--params", type=parse_count, metavar="N", help="parameters: 7e9, 124M")
@@ -148,7 +150,8 @@ def register(subparsers: Any) -> None:
         type=gpus,
         metavar="T",
         help="plan FSDP + tensor parallel over T GPUs of a node (1: never; default: when "
-        "FSDP alone does not fit without offload, or steps slower; a transformer shape only)",
+        "FSDP alone does not fit without offload, or steps slower); a model needs a plan: "
+        "its own or the job file's strategy.tp_plan",
     )
     hw.add_argument("--global-batch", type=batch, metavar="G", help="samples per step")
     hw.add_argument("--micro-batch", type=batch, metavar="B", help="per-device batch")

@@ -44,9 +44,11 @@ STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp", "deepspeed")
 SHARDINGS: tuple[str, ...] = ("full", "hybrid")
 """FSDP sharding: over every rank, or within a node and replicated across nodes (HSDP)."""
 
-TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "sequence_parallel")
-"""How a tensor-parallel plan splits a module: its output features, its input features, or
-(a norm) the tokens of its input, each rank its share of the sequence, gathered after."""
+TP_STYLES: tuple[str, ...] = ("colwise", "rowwise", "sequence_parallel", "colwise_qkv")
+"""How a tensor-parallel plan splits a module: its output features, its input features,
+(a norm) the tokens of its input, each rank its share of the sequence, gathered after, or (a
+packed ``[query | key | value]`` projection) each third's output features, so that every rank
+keeps whole heads of all three."""
 
 OFFLOAD_MODES: tuple[str, ...] = ("none", "optimizer", "all")
 """DeepSpeed CPU offload: nothing, optimizer state, or optimizer state and parameters."""
@@ -231,8 +233,8 @@ class StrategyConfig:
 
     tp_plan: Mapping[str, str] | str | None = None
     """FSDP with ``tensor_parallel`` > 1: module-name patterns (``blocks.*.mlp.c_fc``) →
-    ``colwise`` / ``rowwise`` / ``sequence_parallel``, or ``module:function`` called as
-    ``function(model, tp_mesh)``; None: the model's own plan (``tp_plan`` of the built-in
+    ``colwise`` / ``rowwise`` / ``sequence_parallel`` / ``colwise_qkv``, or
+    ``module:function`` called as ``function(model, tp_mesh)``; None: the model's own plan (``tp_plan`` of the built-in
     model, ``base_model_tp_plan`` of a Hugging Face one)."""
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ world size the sampler, the batch split and the step see).
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -147,6 +148,8 @@ def _style(name: str, style: str) -> list[Any]:
         )
     if style == "colwise":
         return [ColwiseParallel()]
+    if style == "colwise_qkv":
+        return [_packed_colwise(3)]
     if style == "rowwise":
         return [RowwiseParallel()]
     # Whole activations in and out: each rank runs the module on its slice of the sequence,
@@ -156,6 +159,43 @@ def _style(name: str, style: str) -> list[Any]:
         SequenceParallel(),
         PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),)),
     ]
+
+
+def _packed_colwise(pieces: int) -> Any:
+    """``ColwiseParallel`` for a Linear whose output packs ``pieces`` equal parts (``[q | k |
+    v]``), so that rank ``r`` of ``N`` computes rows ``r/N`` of each part (whole heads).
+
+    The weight stays ``Shard(0)``, contiguous rows as plain ``colwise`` keeps them, so its
+    checkpoints and every other layout read it as one process's; each forward regroups it
+    into ``[q_r; k_r; v_r]`` (a ``_StridedShard``: one exchange of the weight, and of its
+    gradient in backward). The Linear gets ``packed_shard = (r, N)``.
+    """
+    import torch.nn.functional as F
+    from torch.distributed.tensor.parallel import ColwiseParallel
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    strided = [_StridedShard(0, split_factor=pieces)]
+
+    def forward(module: nn.Module, inputs: Any) -> Any:
+        weight: Any = module.weight  # DTensors (Shard(0)) on the TP mesh
+        bias: Any = module.bias
+        bias = None if bias is None else bias.redistribute(placements=strided)
+        return F.linear(inputs, weight.redistribute(placements=strided), bias)
+
+    class PackedColwise(ColwiseParallel):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            if not isinstance(module, nn.Linear):
+                raise NotImplementedError("colwise_qkv splits an nn.Linear only")
+            module.packed_shard = (device_mesh.get_local_rank(), device_mesh.size())  # type: ignore[assignment]
+            # Regrouped at every call: FSDP2 swaps its gathered weight in for each forward.
+            module.forward = functools.partial(forward, module)  # type: ignore[method-assign]
+            return super()._apply(module, device_mesh)
+
+        @staticmethod
+        def _prepare_output_fn(layouts: Any, local: bool, mod: Any, out: Any, mesh: Any) -> Any:
+            return out.to_local()  # already this rank's [q_r | k_r | v_r]: no redistribution
+
+    return PackedColwise()
 
 
 def _matches(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
@@ -173,14 +213,23 @@ def _matches(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
     return chosen
 
 
-def _check_heads(model: nn.Module, degree: int) -> None:
+_HEADS = {
+    "num_attention_heads": "attention heads",
+    "num_key_value_heads": "key value heads",
+    "n_head": "attention heads",  # the built-in model's, split by its colwise_qkv
+}
+
+
+def _check_heads(model: nn.Module, degree: int, styles: set[str]) -> None:
     config = getattr(model, "config", None)
-    for field in ("num_attention_heads", "num_key_value_heads"):
+    for field, what in _HEADS.items():
         heads = getattr(config, field, None)
+        if field == "n_head" and "colwise_qkv" not in styles:
+            continue  # its attention stays whole
         if isinstance(heads, int) and heads % degree:
             raise StrategyError(
                 f"field 'strategy.tensor_parallel': {degree} ranks cannot split the model's "
-                f"{heads} {field.removeprefix('num_').replace('_', ' ')} (each keeps whole heads)",
+                f"{heads} {what} (each keeps whole heads)",
                 "strategy.tensor_parallel",
             )
 
@@ -198,14 +247,15 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], degree: int) -> dict[s
     for name, style in chosen.items():
         _style(name, style)
         module = model.get_submodule(name)
-        width = getattr(module, {"colwise": "out_features"}.get(style, "in_features"), None)
-        if style != "sequence_parallel" and isinstance(width, int) and width % degree:
+        width = getattr(module, "in_features" if style == "rowwise" else "out_features", None)
+        parts = 3 if style == "colwise_qkv" else 1  # each of q, k, v splits
+        if style != "sequence_parallel" and isinstance(width, int) and width % (degree * parts):
             raise StrategyError(
                 f"field 'strategy.tensor_parallel': {name} has {width} features to split "
                 f"{style}, which {degree} ranks do not divide",
                 "strategy.tensor_parallel",
             )
-    _check_heads(model, degree)
+    _check_heads(model, degree, set(chosen.values()))
     return chosen
 
 

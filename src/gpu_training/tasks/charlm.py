@@ -169,7 +169,13 @@ class CharLMConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where position ``t`` only sees positions ``<= t``."""
+    """Multi-head self-attention where position ``t`` only sees positions ``<= t``.
+
+    Under tensor parallel (the ``colwise_qkv`` style on ``c_attn``, ``rowwise`` on ``c_proj``)
+    each rank computes its share of the heads: ``c_attn`` gives it their query, key and value,
+    and ``c_attn.packed_shard`` says which share. With dropout the mask is drawn over all the
+    heads, as one process draws it, and each rank keeps its heads' part.
+    """
 
     def __init__(self, config: CharLMConfig) -> None:
         super().__init__()
@@ -182,14 +188,27 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, T, C) -> (B, T, C)``."""
         batch, seq, width = x.shape
-        q, k, v = self.c_attn(x).split(width, dim=2)
-        shape = (batch, seq, self.n_head, width // self.n_head)
-        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, H, T, Q)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
-        y = y.transpose(1, 2).contiguous().view(batch, seq, width)
+        head_dim = width // self.n_head
+        q, k, v = self.c_attn(x).chunk(3, dim=2)  # under TP: this rank's heads only
+        heads = q.size(-1) // head_dim
+        q, k, v = (t.view(batch, seq, heads, head_dim).transpose(1, 2) for t in (q, k, v))
+        if self.training and self.dropout > 0:
+            y = self._attend_with_dropout(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(batch, seq, heads * head_dim)
         return self.resid_dropout(self.c_proj(y))
+
+    def _attend_with_dropout(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        batch, heads, seq, head_dim = q.shape
+        rank, _ = getattr(self.c_attn, "packed_shard", (0, 1))
+        # One draw over every head, whatever the split: the same mask on 1 process or N.
+        keep = torch.empty(batch, self.n_head, seq, seq, device=q.device)
+        keep = keep.bernoulli_(1 - self.dropout)[:, rank * heads : (rank + 1) * heads]
+        scores = (q @ k.transpose(-2, -1)) * head_dim**-0.5
+        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        return (probs * keep / (1 - self.dropout)).to(v.dtype) @ v
 
 
 class _MLP(nn.Module):
@@ -253,12 +272,13 @@ class CharTransformer(nn.Module):
     """
 
     tp_plan: ClassVar[dict[str, str]] = {
+        "blocks.*.attn.c_attn": "colwise_qkv",
+        "blocks.*.attn.c_proj": "rowwise",
         "blocks.*.mlp.c_fc": "colwise",
         "blocks.*.mlp.c_proj": "rowwise",
     }
-    """Tensor parallel (``strategy.tensor_parallel``): each block's MLP split over the ranks.
-    The attention stays whole on each: its packed query/key/value rows do not split by
-    columns into heads, and its dropout then draws one process's mask over all heads."""
+    """Tensor parallel (``strategy.tensor_parallel``): each block's attention (its heads) and
+    MLP split over the ranks, Megatron's way; embeddings, norms and the head stay whole."""
 
     def __init__(self, config: CharLMConfig, vocab_size: int) -> None:
         super().__init__()
