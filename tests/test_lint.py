@@ -171,6 +171,54 @@ def test_world_size_tests_are_read_by_direction() -> None:
     }
 
 
+_SWITCHES = """\
+if args.dist == "ON":
+    dist.init_process_group("nccl")
+if args.dist == "OFF":
+    pass
+if use_ddp:
+    setup_group()
+if args.mode == "ddp":
+    dist.init_process_group("nccl")
+if args.mode == "eval":
+    pass
+if args.mode == "debug":
+    pass
+if train:
+    sampler = DistributedSampler(data)
+def setup_group():
+    dist.init_process_group("gloo")
+"""
+
+
+def test_switches_are_read_by_what_their_branches_create(tmp_path: Path) -> None:
+    """A switch of the script's own reads by the branch that creates the process group
+    (issue 33, round 4): the other value of a two-valued switch is one process. A third
+    value, or a branch that only builds a sampler, says nothing."""
+    from gpu_training.diagnostics.lint.project import Project
+    from gpu_training.diagnostics.lint.switches import switch_test
+
+    project = Project()  # a project, so `setup_group()` is read through its summary
+    facts = project.add(str(tmp_path / "train.py"), ast.parse(_SWITCHES))
+    tests = [s.test for s in facts.tree.body if isinstance(s, ast.If)]
+    read = {ast.unparse(t): switch_test(facts, t) for t in tests}
+    read["not use_ddp"] = switch_test(facts, ast.parse("not use_ddp", mode="eval").body)
+    read["args.dist != 'OFF'"] = switch_test(
+        facts, ast.parse("args.dist != 'OFF'", mode="eval").body
+    )
+    assert read == {
+        "args.dist == 'ON'": "multi",
+        "args.dist == 'OFF'": "single",
+        "use_ddp": "multi",
+        "args.mode == 'ddp'": "multi",
+        "args.mode == 'eval'": None,  # three values: "debug" may be distributed too
+        "args.mode == 'debug'": None,
+        "train": None,  # a DistributedSampler picks a loader, it does not start a group
+        "not use_ddp": "single",
+        "args.dist != 'OFF'": "multi",
+    }
+
+
 def test_follows_names_through_assignments_and_with_blocks() -> None:
     source = """
 import torch

@@ -9,13 +9,16 @@
   what each function does (:mod:`~gpu_training.diagnostics.lint.summary`).
 - :mod:`~gpu_training.diagnostics.lint.model` — what the names of a module stand for;
   :mod:`~gpu_training.diagnostics.lint.calls` — how a call site is read;
-  :mod:`~gpu_training.diagnostics.lint.guards` — rank guards;
+  :mod:`~gpu_training.diagnostics.lint.guards` — rank guards, and
+  :mod:`~gpu_training.diagnostics.lint.switches` — one process or a group;
   :mod:`~gpu_training.diagnostics.lint.collectives` — which calls are collectives.
 - :mod:`~gpu_training.diagnostics.lint.checks` — the walk of a file, with its context
   (:mod:`~gpu_training.diagnostics.lint.context`), the set-up rules
-  (:mod:`~gpu_training.diagnostics.lint.setup`), the rank analysis
+  (:mod:`~gpu_training.diagnostics.lint.setup`; where a loader's batches go,
+  :mod:`~gpu_training.diagnostics.lint.loaders`), the rank analysis
   (:mod:`~gpu_training.diagnostics.lint.ranks`), the training-loop analysis
-  (:mod:`~gpu_training.diagnostics.lint.training_loop`), the process group's teardown
+  (:mod:`~gpu_training.diagnostics.lint.training_loop`), epoch loops and ``set_epoch``
+  (:mod:`~gpu_training.diagnostics.lint.epochs`), the process group's teardown
   (:mod:`~gpu_training.diagnostics.lint.teardown`) and bf16 parameters under Adam
   (:mod:`~gpu_training.diagnostics.lint.precision`).
 

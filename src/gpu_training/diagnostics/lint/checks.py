@@ -51,6 +51,12 @@ from gpu_training.diagnostics.lint.context import (
     none_tested,
     terminates,
 )
+from gpu_training.diagnostics.lint.epochs import (
+    hands_loader_on,
+    iterates_loader,
+    loops_without_set_epoch,
+    unset_shuffling_sampler,
+)
 from gpu_training.diagnostics.lint.guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
@@ -77,12 +83,7 @@ from gpu_training.diagnostics.lint.ranks import (
 from gpu_training.diagnostics.lint.setup import SetupRules
 from gpu_training.diagnostics.lint.summary import FuncRef
 from gpu_training.diagnostics.lint.teardown import missing_destroy
-from gpu_training.diagnostics.lint.training_loop import (
-    LoopAnalysis,
-    is_no_sync,
-    iterates_loader,
-    loops_without_set_epoch,
-)
+from gpu_training.diagnostics.lint.training_loop import LoopAnalysis, is_no_sync
 
 __all__ = ["FileChecker"]
 
@@ -92,6 +93,8 @@ _WRAPPERS = frozenset(
     {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"}
 )
 _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
+_GROUP_INITS = ("init_process_group", "init_distributed")
+_INHERITED = ("distributed", "has_wrapper", "print_silenced", "log_level_guarded", "unset_sampler")
 
 
 class FileChecker:
@@ -164,6 +167,7 @@ class FileChecker:
             s.rank_logging for s in self.callee_summaries
         )
         self.seeds: set[ast.AST] = set()
+        self.unset_sampler = unset_shuffling_sampler(self.all_calls, self.tails, self.imports)
         self.ranks = RankAnalysis(facts, self.distributed)
         self.training_loop = LoopAnalysis(facts)
         self.findings: set[RawFinding] = set()
@@ -190,15 +194,13 @@ class FileChecker:
     # --- project ----------------------------------------------------------------------------
 
     def inherit(self, importer: FileChecker) -> bool:
-        """Take on what a file that imports this one sets up for the whole process."""
-        before = (self.distributed, self.has_wrapper, self.print_silenced, self.log_level_guarded)
-        self.distributed = self.distributed or importer.distributed
-        self.has_wrapper = self.has_wrapper or importer.has_wrapper
-        self.print_silenced = self.print_silenced or importer.print_silenced
-        self.log_level_guarded = self.log_level_guarded or importer.log_level_guarded
+        """Take on what a file that imports this one sets up for the whole process (and its
+        shuffling sampler that never gets set_epoch, which this file's epoch loops may read)."""
+        gained = [f for f in _INHERITED if getattr(importer, f) and not getattr(self, f)]
+        for flag in gained:
+            setattr(self, flag, True)
         self.setup.distributed = self.distributed
-        after = (self.distributed, self.has_wrapper, self.print_silenced, self.log_level_guarded)
-        return before != after
+        return bool(gained)
 
     def rebuild_ranks(self) -> None:
         """Recompute which scopes run on every rank (after :meth:`inherit` or new seeds)."""
@@ -306,7 +308,7 @@ class FileChecker:
             )
             if loader and ctx.loops and self.emit:
                 self.epoch_loops.append(ctx.loops[-1])
-            if not loader and self.emit and self.training_loop.hands_loader_on(stmt, scope):
+            if not loader and self.emit and hands_loader_on(self.facts, stmt, scope):
                 self.epoch_loops.append(stmt)  # `for epoch ...: train_one_epoch(model, loader)`
             inner = replace(ctx, loops=(*ctx.loops, stmt))
             self._stmts(stmt.body, inner, scope)
@@ -555,11 +557,7 @@ class FileChecker:
     # --- whole-file rules -----------------------------------------------------------------
 
     def _file_level(self) -> None:
-        inits = [
-            c
-            for c in self.all_calls
-            if tail(call_name(c, self.imports)) in ("init_process_group", "init_distributed")
-        ]
+        inits = [c for c in self.all_calls if tail(call_name(c, self.imports)) in _GROUP_INITS]
         direct = [c for c in inits if tail(call_name(c, self.imports)) == "init_process_group"]
         pinned = (
             bool(self.tails & {"set_device", "set_device_index", "init_distributed"})
@@ -576,7 +574,9 @@ class FileChecker:
             if tail(call_name(c, self.imports)) == "train_one_epoch"
         ):
             tails = tails - {"train_one_epoch"}  # the script's own, not the toolkit's
-        for loop in loops_without_set_epoch(self.epoch_loops, self.all_calls, tails, self.imports):
+        for loop in loops_without_set_epoch(
+            self.epoch_loops, self.all_calls, tails, self.facts, imported=self.unset_sampler
+        ):
             self.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
         for scaler in scalers_with_bf16(self.all_calls, self.facts):
             self.add(scaler, "GT011", "every autocast of the file is bfloat16")

@@ -47,6 +47,7 @@ from gpu_training.diagnostics.lint.model import (
     dotted,
     mentions_rank,
 )
+from gpu_training.diagnostics.lint.switches import MULTI, SINGLE, switch_test, world_size_test
 
 __all__ = [
     "GUARD_NOT_RANK0",
@@ -68,8 +69,8 @@ GUARD_NOT_RANK0 = "not_rank0"
 """The condition holds on every rank but 0."""
 GUARD_RANK_DEP = "rank_dep"
 """The condition holds on some ranks, not all."""
-_SINGLE = "single"  # true on every rank or on none: `not dist.is_initialized()`, `rank == -1`
-_MULTI = "multi"  # true in every process of a group, its negation _SINGLE: `world_size > 1`
+_SINGLE = SINGLE  # true on every rank or on none: `not dist.is_initialized()`, `rank == -1`
+_MULTI = MULTI  # true in every process of a group, its negation _SINGLE: `world_size > 1`
 
 _SINGLE_PROCESS_ATTRS = frozenset({"is_initialized", "is_distributed", "is_available"})
 _RANK_VALUE = re.compile(r"(^|_)rank$")
@@ -193,6 +194,8 @@ def _classify_call(facts: ModuleFacts, call: ast.Call) -> str | None:
             return GUARD_RANK0
         if all(s.rank_value for s in summaries):
             return GUARD_NOT_RANK0  # `if get_rank():` - true on the ranks other than 0
+        if all(s.single for s in summaries):
+            return _SINGLE  # `def is_running_serially(rank): return rank == -1`
         return None
     last = _tail(call_name(call, facts.imports))
     if last in RANK_CALLS:
@@ -239,7 +242,7 @@ def _classify_flag(
         return GUARD_NOT_RANK0  # `if args.rank:` - a rank as a truth value
     if values and _RANK_VALUE.search(last) and all(rank_derived(facts, v, scope) for v in values):
         return GUARD_NOT_RANK0
-    return None
+    return switch_test(facts, test) if not _RANK_VALUE.search(last) else None
 
 
 def _passed_flag(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> str | None:
@@ -333,8 +336,8 @@ def _classify_compare(
     if not rank_derived(facts, left, scope):
         sizes = dotted(left) or ""
         if "world_size" in sizes.lower() and isinstance(right, ast.Constant):
-            return _world_size_test(op, right.value)
-        return None
+            return world_size_test(op, right.value)
+        return switch_test(facts, test)  # `args.dist == "OFF"`, by what its branches create
     if isinstance(right, ast.Constant) and right.value == 0 and right.value is not False:
         if isinstance(op, (ast.Eq, ast.Is, ast.LtE)):
             return GUARD_RANK0
@@ -352,25 +355,6 @@ def _classify_compare(
         elif members is not None and all(m < 0 for m in members):
             return _SINGLE if isinstance(op, ast.In) else None
     return GUARD_RANK_DEP
-
-
-def _world_size_test(op: ast.cmpop, bound: object) -> str | None:
-    """``world_size == 1`` / ``< 2`` holds in one process only (_SINGLE); ``world_size > 1``
-    / ``!= 1`` holds in every process of a group (_MULTI), so its ``else:`` is one process."""
-    if not isinstance(bound, int) or isinstance(bound, bool):
-        return None
-    compare = {
-        ast.Eq: int.__eq__,
-        ast.NotEq: int.__ne__,
-        ast.Lt: int.__lt__,
-        ast.LtE: int.__le__,
-        ast.Gt: int.__gt__,
-        ast.GtE: int.__ge__,
-    }.get(type(op))
-    if compare is None:
-        return None
-    one, many = compare(1, bound), compare(2, bound)
-    return _SINGLE if one and not many else _MULTI if many and not one else None
 
 
 def _rank_members(expr: ast.expr) -> set[int] | None:

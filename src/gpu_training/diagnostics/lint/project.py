@@ -41,6 +41,7 @@ from gpu_training.diagnostics.lint.guards import (
     guard_locality,
     mentions_main_or_rank,
     rank_derived,
+    single_process,
     uncached,
 )
 from gpu_training.diagnostics.lint.model import (
@@ -351,6 +352,9 @@ def _summarise(project: Project, facts: ModuleFacts, func: ast.AST) -> Summary:
     if rank0 and len(rank0) + len(constant) == len(returns):
         local = all(guard_locality(facts, v, scope) == "local" for v in rank0)
         flags = replace(flags, rank0=True, local=local)
+    single = [v for v, kind in guards if kind is None and single_process(facts, v, scope)]
+    if single and len(single) + len(constant) == len(returns):
+        flags = replace(flags, single=True)
     values = [v for v in returns if not isinstance(v, (ast.Compare, ast.BoolOp, ast.Constant))]
     returns_rank = values and len(values) + len(constant) == len(returns)
     if returns_rank and all(rank_derived(facts, v, scope) for v in values):

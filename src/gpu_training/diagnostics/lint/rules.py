@@ -117,7 +117,10 @@ _RULE_LIST = [
         distributed either. (Loaders whose name says validation/evaluation/test are not
         checked, nor loaders handed to accelerator.prepare(), built with **kwargs, or over a
         dataset that takes the rank; a sampler chosen in an if/else or built by a helper of
-        the project counts when any path gives a distributed one.)""",
+        the project counts when any path gives a distributed one. A loader whose every use
+        is a loop with no backward or optimizer step - evaluation where every rank must see
+        the same batches - is not reported; nor one built on the single-process side of a
+        switch whose other side builds it with a DistributedSampler.)""",
         """sampler = gpu_training.ddp.make_distributed_sampler(dataset, ctx, shuffle=True,
         seed=...) and DataLoader(dataset, batch_size=..., sampler=sampler, shuffle=(sampler is
         None)); or a gpu_training.data.GlobalBatchSampler as batch_sampler.""",

@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable
 
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
@@ -148,6 +149,11 @@ class SetupRules:
             isinstance(a, ast.Starred) for a in call.args
         ):
             return  # `DataLoader(dataset, **loader_kwargs)`: the sampler may be in there
+        if self._alternative_of_sharded(call, scope):
+            return
+        target = self._assign_target(call)
+        if not feeds_training(self.facts, call, scope, target, file_trains=self.trains):
+            return  # every rank reads the same batches, and no training step reads them
         for expr in given:
             kinds = self._all_kinds(expr, scope)
             if "local_sampler" in kinds and "dist_sampler" not in kinds:
@@ -155,6 +161,24 @@ class SetupRules:
                 self.report(expr, "GT003", f"sampler {what} is a local sampler on every path")
         if not given and not self._dataset_shards_itself(call, scope):
             self.report(call, "GT003", "no sampler= nor batch_sampler= in a distributed script")
+
+    def _alternative_of_sharded(self, call: ast.Call, scope: Scope) -> bool:
+        """The name this loader is bound to is bound on another path to a loader with a
+        distributed sampler (``if args.ddp == True: dl = DataLoader(d, sampler=Distributed
+        Sampler(d))`` / ``else: dl = DataLoader(d, shuffle=True)``): the script's own path
+        without a group, whatever its switch is called."""
+        target = self._assign_target(call)
+        if target is None:
+            return False
+        for other in self.facts.lookup_all(target, scope):
+            if not isinstance(other, ast.Call) or other is call:
+                continue
+            if tail(call_name(other, self.facts.imports)) != "DataLoader":
+                continue
+            samplers = [call_arg(other, 3, "sampler"), call_arg(other, 4, "batch_sampler")]
+            if any(s is not None and "dist_sampler" in self._all_kinds(s, scope) for s in samplers):
+                return True
+        return False
 
     def _all_kinds(self, expr: ast.expr, scope: Scope) -> frozenset[str]:
         """Kinds over every binding of a name (each branch of an ``if/else``)."""

@@ -37,6 +37,7 @@ class Summary:
         where: ``name() (file:line)``, for the evidence of a finding.
         rank0: It returns a test true on rank 0 only (``return get_rank() == 0``).
         local: That test reads the node-local rank (``return args.local_rank == 0``).
+        single: It returns a test true only without a process group (``return rank == -1``).
         rank_value: It returns a rank: ``"global"`` (``dist.get_rank()``), ``"local"``.
         silences_print: It replaces ``builtins.print`` (or ``sys.stdout``), as DeiT's
             ``setup_for_distributed(is_master)`` does on the ranks other than 0.
@@ -55,6 +56,7 @@ class Summary:
     where: str = ""
     rank0: bool = False
     local: bool = False
+    single: bool = False
     rank_value: str | None = None
     silences_print: bool = False
     rank_logging: bool = False

@@ -9,8 +9,8 @@ clips? This module answers those questions and holds the rules built on them:
 * gradient accumulation without ``no_sync()`` (``GT013``, :meth:`LoopAnalysis.is_accumulation_loop`
   and :func:`is_no_sync`);
 * clipping before ``scaler.unscale_()`` (``GT012``, :meth:`LoopAnalysis.clips_before_unscale`);
-* an epoch loop over a shuffling distributed sampler's loader without ``set_epoch``
-  (``GT005``, :func:`iterates_loader` and :func:`loops_without_set_epoch`).
+* (an epoch loop without ``set_epoch``, ``GT005``, is
+  :mod:`~gpu_training.diagnostics.lint.epochs`).
 
 It is separate from the walk because these are questions about loop bodies and whole
 functions (where is the optimizer step, where is the ``unscale_``), asked once and cached.
@@ -32,22 +32,17 @@ from __future__ import annotations
 import ast
 import itertools
 
-from gpu_training.diagnostics.lint.calls import call_arg, is_const, node_start, tail
+from gpu_training.diagnostics.lint.calls import is_const, node_start, tail
 from gpu_training.diagnostics.lint.model import (
-    Imports,
     ModuleFacts,
     Scope,
-    call_name,
     dotted,
     iter_scope_nodes,
 )
-from gpu_training.diagnostics.lint.setup import EVAL_NAME
 
 __all__ = [
     "LoopAnalysis",
     "is_no_sync",
-    "iterates_loader",
-    "loops_without_set_epoch",
 ]
 
 
@@ -128,30 +123,6 @@ class LoopAnalysis:
             self._sync_cache[loop] = cached
         return cached
 
-    def hands_loader_on(self, loop: ast.For | ast.AsyncFor | ast.While, scope: Scope) -> bool:
-        """A loop whose body passes a data loader to a function of the project that iterates
-        it and calls no ``set_epoch`` itself (an epoch loop around ``train(model, loader)``),
-        or calls a method that trains over its object's loader (``self._run_epoch(epoch)``).
-        A function nobody here can read (an installed package's, ``list.append``) is not
-        one: what it does is unknown."""
-        for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
-            if not isinstance(node, ast.Call):
-                continue
-            refs = self.facts.callees(node)
-            if not refs:
-                continue
-            hands = any(
-                isinstance(arg, (ast.Name, ast.Attribute))
-                and not EVAL_NAME.search(tail(dotted(arg)))  # `validate(model, val_loader)`
-                and "loader" in self.facts.kinds(arg, scope)
-                for arg in [*node.args, *(k.value for k in node.keywords)]
-            )
-            # `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.train_data`
-            hands = hands or any(_iterates_own_loader(owner, func) for owner, func in refs)
-            if hands and not any(_calls_set_epoch(func) for _, func in refs):
-                return True
-        return False
-
     def accumulating_step(self, call: ast.Call, scope: Scope) -> str | None:
         """``GT013`` outside a loop: a per-batch method (a Trainer's ``train_step(batch, i)``)
         that backpropagates on every call and steps only under an accumulation test after it,
@@ -173,14 +144,29 @@ class LoopAnalysis:
         if not self.is_accumulation_loop(loop, scope):
             return None
         for block, index in reversed(_enclosing_blocks(getattr(loop, "body", []), call)):
-            for stmt in block[index + 1 :]:
+            for at, stmt in enumerate(block[index + 1 :], index + 1):
                 if isinstance(stmt, ast.Expr) and self._is_optimizer_step(stmt.value, scope):
                     return None  # this path steps on every micro-batch
                 if isinstance(stmt, ast.If) and _is_accumulation_test(stmt.test):
-                    found = self._step_under(stmt, scope)
+                    found = self._step_under(stmt, scope) or self._step_after_skip(block, at, scope)
                     if found is not None:
                         return found
         return self.accumulation_step(loop, scope)
+
+    def _step_after_skip(self, block: list[ast.stmt], index: int, scope: Scope) -> str | None:
+        """``if step % k != 0: continue`` then ``optimizer.step()`` further down the block:
+        the step runs only on the iterations the test lets through."""
+        test = block[index]
+        if not (isinstance(test, ast.If) and test.body and not test.orelse):
+            return None
+        if not isinstance(test.body[-1], ast.Continue):
+            return None
+        for sub in iter_scope_nodes(block[index + 1 :]):
+            if self._is_optimizer_step(sub, scope):
+                assert isinstance(sub, ast.Call)
+                condition = ast.unparse(test.test)
+                return f"{ast.unparse(sub.func)}() unless {condition} (line {test.lineno})"
+        return None
 
     def _step_under(self, test: ast.If, scope: Scope) -> str | None:
         for sub in iter_scope_nodes(test.body):
@@ -305,6 +291,13 @@ class LoopAnalysis:
                 for sub in iter_scope_nodes(node.body):
                     if self._is_optimizer_step(sub, scope):
                         result = True
+        else:  # `if step % k != 0: continue` in the loop's own body, the step after it
+            result = result or any(
+                isinstance(stmt, ast.If)
+                and _is_accumulation_test(stmt.test)
+                and self._step_after_skip(body, at, scope) is not None
+                for at, stmt in enumerate(body)
+            )
         self._accum_cache[loop] = result
         return result
 
@@ -487,82 +480,3 @@ def is_no_sync(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     ):  # `ctx = m.no_sync ...; with ctx():`
         exprs += [v for v in facts.lookup(expr.func.id, scope, node_start(expr)) if v is not None]
     return any(_syncs(item) for item in exprs)
-
-
-_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice"})
-
-
-def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
-    """Whether a ``for`` loop's iterable is a data loader (through ``enumerate``, ``tqdm``…)."""
-    expr = _loop_source(expr)
-    if "loader" in facts.kinds(expr, scope):
-        return True
-    return "loader" in tail(dotted(expr)).lower()
-
-
-def loops_without_set_epoch(
-    epoch_loops: list[ast.stmt], calls: list[ast.Call], tails: set[str], imports: Imports
-) -> list[ast.stmt]:
-    """``GT005``: the epoch loops to report when a shuffling sampler never gets ``set_epoch``.
-
-    Args:
-        epoch_loops: The loops around a loop over a loader, in walk order (repeats allowed).
-        calls: Every call of the file.
-        tails: The last names of every callee of the file.
-        imports: The file's imports.
-
-    Returns:
-        The epoch loops, once each, when a distributed sampler shuffles and neither
-        ``set_epoch`` nor ``train_one_epoch`` is called anywhere; else nothing.
-    """
-    shuffled = False
-    for call in calls:
-        last = tail(call_name(call, imports))
-        if last in ("DistributedSampler", "make_distributed_sampler", "GlobalBatchSampler"):
-            index = {"DistributedSampler": 3, "make_distributed_sampler": 2}.get(last, 99)
-            shuffled = shuffled or not is_const(call_arg(call, index, "shuffle"), False)
-    handled = tails & {"set_epoch", "train_one_epoch"}
-    if shuffled and not handled:
-        return list(dict.fromkeys(epoch_loops))
-    return []
-
-
-def _iterates_own_loader(facts: ModuleFacts, func: ast.AST) -> bool:
-    """A method of the project (not an evaluation) whose own loop runs over something its
-    object holds (``for x, y in self.train_data:``) that is a loader or that it trains on
-    (the loop backpropagates): one epoch of training per call."""
-    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or EVAL_NAME.search(func.name):
-        return False
-    scope = facts.scopes.get(func)
-    return scope is not None and any(
-        isinstance(node, (ast.For, ast.AsyncFor))
-        and (dotted(_loop_source(node.iter)) or "").startswith("self.")
-        and not EVAL_NAME.search(tail(dotted(_loop_source(node.iter))))
-        and (iterates_loader(node.iter, scope, facts) or _trains(facts, node))
-        for node in iter_scope_nodes(func.body)
-    )
-
-
-def _trains(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:
-    """The loop backpropagates, itself or through a function of the project it calls."""
-    return any(
-        isinstance(node, ast.Call)
-        and (_is_backward(node) or any(s.trains for s in facts.summaries(node)))
-        for node in iter_scope_nodes(loop.body)
-    )
-
-
-def _loop_source(expr: ast.expr) -> ast.expr:
-    """What a ``for`` iterates, through ``enumerate``/``tqdm``/``iter``/``zip``/``islice``."""
-    while isinstance(expr, ast.Call) and expr.args and tail(dotted(expr.func)) in _WRAPPERS:
-        expr = expr.args[0]
-    return expr
-
-
-def _calls_set_epoch(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """The function sets the sampler's epoch itself (``sampler.set_epoch(epoch)``), or hands
-    the work on to the toolkit's ``train_one_epoch``, which does."""
-    return any(
-        isinstance(node, ast.Call) and tail(dotted(node.func)) in ("set_epoch", "train_one_epoch")
-        for node in ast.walk(func)
-    )

@@ -1,0 +1,180 @@
+"""Epoch loops and the sampler's ``set_epoch`` (``GT005``).
+
+A shuffling ``DistributedSampler`` draws the same order every epoch unless ``set_epoch`` is
+called. An epoch loop is a loop around a loop over a loader, or one that hands a loader on
+to a function of the project that trains over it (``train_one_epoch(model, loader)``,
+``self.train_epoch(self.model, self.train_loader, ...)``, ``self._run_epoch(epoch)``); the
+sampler may be built in the same file or in a file of the project that imports this one
+(``main.py`` builds it, ``trainer.py`` loops).
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> facts = ModuleFacts(ast.parse("for x in tqdm(train_loader):\\n    pass\\n"))
+    >>> iterates_loader(facts.tree.body[0].iter, facts.module_scope, facts)
+    True
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import call_arg, is_const, tail
+from gpu_training.diagnostics.lint.loaders import trains_on_argument
+from gpu_training.diagnostics.lint.model import (
+    Imports,
+    ModuleFacts,
+    Scope,
+    call_name,
+    dotted,
+    iter_scope_nodes,
+)
+from gpu_training.diagnostics.lint.setup import EVAL_NAME
+
+__all__ = [
+    "hands_loader_on",
+    "iterates_loader",
+    "loops_without_set_epoch",
+    "unset_shuffling_sampler",
+]
+
+_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice"})
+
+
+def hands_loader_on(
+    facts: ModuleFacts, loop: ast.For | ast.AsyncFor | ast.While, scope: Scope
+) -> bool:
+    """A loop whose body passes a data loader to a function of the project that iterates
+    it and calls no ``set_epoch`` itself (an epoch loop around ``train(model, loader)``),
+    or calls a method that trains over its object's loader (``self._run_epoch(epoch)``).
+    A function nobody here can read (an installed package's, ``list.append``) is not
+    one: what it does is unknown."""
+    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+        if not isinstance(node, ast.Call):
+            continue
+        refs = facts.callees(node)
+        if not refs:
+            continue
+        hands = any(
+            isinstance(arg, (ast.Name, ast.Attribute))
+            and not EVAL_NAME.search(tail(dotted(arg)))  # `validate(model, val_loader)`
+            and "loader" in facts.kinds(arg, scope)
+            for arg in [*node.args, *(k.value for k in node.keywords)]
+        )
+        # `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.train_data`
+        hands = hands or any(_iterates_own_loader(owner, func) for owner, func in refs)
+        hands = hands or any(trains_on_argument(o, f, node) for o, f in refs)  # its batches
+        if hands and not any(_calls_set_epoch(func) for _, func in refs):
+            return True
+    return False
+
+
+def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
+    """Whether a ``for`` loop's iterable is a data loader (through ``enumerate``, ``tqdm``…)."""
+    expr = _loop_source(expr)
+    if "loader" in facts.kinds(expr, scope):
+        return True
+    return "loader" in tail(dotted(expr)).lower()
+
+
+def unset_shuffling_sampler(calls: list[ast.Call], tails: set[str], imports: Imports) -> bool:
+    """A distributed sampler of the file shuffles and nothing in it calls ``set_epoch`` (nor
+    the toolkit's ``train_one_epoch``): what a file hands on to the modules it imports, whose
+    epoch loops (``Trainer.__call__`` in ``train.py``) may run over its loader."""
+    shuffled = False
+    for call in calls:
+        last = tail(call_name(call, imports))
+        if last in ("DistributedSampler", "make_distributed_sampler", "GlobalBatchSampler"):
+            index = {"DistributedSampler": 3, "make_distributed_sampler": 2}.get(last, 99)
+            shuffled = shuffled or not is_const(call_arg(call, index, "shuffle"), False)
+    return shuffled and not tails & {"set_epoch", "train_one_epoch"}
+
+
+def loops_without_set_epoch(
+    epoch_loops: list[ast.stmt],
+    calls: list[ast.Call],
+    tails: set[str],
+    facts: ModuleFacts,
+    *,
+    imported: bool = False,
+) -> list[ast.stmt]:
+    """``GT005``: the epoch loops to report when a shuffling sampler never gets ``set_epoch``.
+
+    Args:
+        epoch_loops: The loops around a loop over a loader, in walk order (repeats allowed).
+        calls: Every call of the file.
+        tails: The last names of every callee of the file.
+        facts: The file's facts.
+        imported: A file of the project that imports this one builds a shuffling
+            distributed sampler and never sets its epoch (:func:`unset_shuffling_sampler`):
+            this file's epoch loops that train are reported.
+
+    Returns:
+        The epoch loops, once each, when a distributed sampler (of the file, or of a file
+        importing it) shuffles and neither ``set_epoch`` nor ``train_one_epoch`` is called
+        in the file; else nothing.
+    """
+    if unset_shuffling_sampler(calls, tails, facts.imports):
+        return list(dict.fromkeys(epoch_loops))
+    if imported and not tails & {"set_epoch", "train_one_epoch"}:
+        # the sampler is another file's: only loops that train here can be reading it
+        return [loop for loop in dict.fromkeys(epoch_loops) if _loop_trains(facts, loop)]
+    return []
+
+
+def _loop_trains(facts: ModuleFacts, loop: ast.stmt) -> bool:
+    """An epoch loop that runs a backward, itself or through a function of the project."""
+    return any(
+        isinstance(node, ast.Call)
+        and (_is_backward(node) or any(s.trains for s in facts.summaries(node)))
+        for node in iter_scope_nodes(getattr(loop, "body", []))
+    )
+
+
+def _iterates_own_loader(facts: ModuleFacts, func: ast.AST) -> bool:
+    """A method of the project (not an evaluation) whose own loop runs over something its
+    object holds (``for x, y in self.train_data:``) that is a loader or that it trains on
+    (the loop backpropagates): one epoch of training per call."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or EVAL_NAME.search(func.name):
+        return False
+    scope = facts.scopes.get(func)
+    return scope is not None and any(
+        isinstance(node, (ast.For, ast.AsyncFor))
+        and (dotted(_loop_source(node.iter)) or "").startswith("self.")
+        and not EVAL_NAME.search(tail(dotted(_loop_source(node.iter))))
+        and (iterates_loader(node.iter, scope, facts) or _trains(facts, node))
+        for node in iter_scope_nodes(func.body)
+    )
+
+
+def _trains(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:
+    """The loop backpropagates, itself or through a function of the project it calls."""
+    return any(
+        isinstance(node, ast.Call)
+        and (_is_backward(node) or any(s.trains for s in facts.summaries(node)))
+        for node in iter_scope_nodes(loop.body)
+    )
+
+
+def _loop_source(expr: ast.expr) -> ast.expr:
+    """What a ``for`` iterates, through ``enumerate``/``tqdm``/``iter``/``zip``/``islice``."""
+    while isinstance(expr, ast.Call) and expr.args and tail(dotted(expr.func)) in _WRAPPERS:
+        expr = expr.args[0]
+    return expr
+
+
+def _calls_set_epoch(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The function sets the sampler's epoch itself (``sampler.set_epoch(epoch)``), or hands
+    the work on to the toolkit's ``train_one_epoch``, which does."""
+    return any(
+        isinstance(node, ast.Call) and tail(dotted(node.func)) in ("set_epoch", "train_one_epoch")
+        for node in ast.walk(func)
+    )
+
+
+def _is_backward(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and (node.func.attr == "backward")
+    )

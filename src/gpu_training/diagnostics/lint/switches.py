@@ -1,0 +1,174 @@
+"""Tests that tell one process from a process group, read from what their branches do.
+
+Two shapes, beside the rank guards of :mod:`~gpu_training.diagnostics.lint.guards`:
+
+* the world size compared with a number: ``world_size == 1`` / ``< 2`` hold in one process
+  only (:data:`SINGLE`), ``world_size > 1`` / ``!= 1`` in every process of a group
+  (:data:`MULTI`, whose ``else:`` is one process);
+* a switch of the script's own, however it is spelled (``if args.ddp == True:``, ``if
+  args.dist == "OFF":``, ``if use_ddp:``): its direction is what the branches of the file's
+  tests of the same switch do. A value whose branch creates the process group (directly or
+  through a function of the project) means a group; the other value of a two-valued switch
+  means one process. Wrapping a model or building a sampler is not enough: ``if train:
+  sampler = DistributedSampler(...)`` picks a loader, not a launch. A switch no branch of
+  the file creates the group under is read as nothing.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> tree = ast.parse("if args.dist == 'ON':\\n    dist.init_process_group()\\n"
+    ...                  "if args.dist == 'OFF':\\n    pass\\n")
+    >>> facts = ModuleFacts(tree)
+    >>> switch_test(facts, tree.body[0].test), switch_test(facts, tree.body[1].test)
+    ('multi', 'single')
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+
+from gpu_training.diagnostics.lint.calls import node_start, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
+
+__all__ = ["MULTI", "SINGLE", "switch_test", "world_size_test"]
+
+SINGLE = "single"
+"""True on every rank or on none: only without a process group (``not dist.is_initialized()``)."""
+MULTI = "multi"
+"""True in every process of a group; its negation is :data:`SINGLE` (``world_size > 1``)."""
+
+_GROUP_INITS = ("init_process_group", "init_distributed")
+_EQ = (ast.Eq, ast.Is)
+_NE = (ast.NotEq, ast.IsNot)
+# `{switch: (values that set up a group, values that do not, every value tested)}`
+_Index = dict[str, tuple[set[str], set[str], set[str]]]
+
+
+def world_size_test(op: ast.cmpop, bound: object) -> str | None:
+    """``world_size == 1`` / ``< 2`` hold in one process only (:data:`SINGLE`);
+    ``world_size > 1`` / ``!= 1`` in every process of a group (:data:`MULTI`)."""
+    if not isinstance(bound, int) or isinstance(bound, bool):
+        return None
+    compare = {
+        ast.Eq: int.__eq__,
+        ast.NotEq: int.__ne__,
+        ast.Lt: int.__lt__,
+        ast.LtE: int.__le__,
+        ast.Gt: int.__gt__,
+        ast.GtE: int.__ge__,
+    }.get(type(op))
+    if compare is None:
+        return None
+    one, many = compare(1, bound), compare(2, bound)
+    return SINGLE if one and not many else MULTI if many and not one else None
+
+
+def switch_test(facts: ModuleFacts, test: ast.expr) -> str | None:
+    """Whether a switch of the script's own holds in one process (:data:`SINGLE`) or in
+    every process of a group (:data:`MULTI`), by what the file's branches on it set up.
+
+    Args:
+        facts: The module's facts (with its project, if any).
+        test: ``flag``, ``flag == literal`` or ``flag != literal`` (``is`` alike), where
+            ``flag`` is a name or an attribute that is not a rank.
+
+    Returns:
+        :data:`SINGLE`, :data:`MULTI`, or None (not a switch the file's branches show).
+    """
+    read = _read(test)
+    if read is None:
+        return None
+    key, value, positive = read
+    found = _index(facts).get(key)
+    if found is None:
+        return None
+    group, alone, tested = found
+    if value in group and value not in alone:
+        equal = MULTI
+    elif value in alone and value not in group:
+        equal = SINGLE
+    elif group and not alone and tested == group | {value}:
+        equal = SINGLE  # the other value of a two-valued switch (`"OFF"` beside `"ON"`)
+    else:
+        return None
+    return equal if positive else (SINGLE if equal == MULTI else MULTI)
+
+
+def _read(test: ast.expr) -> tuple[str, str, bool] | None:
+    """``(switch, value, positive)``: ``args.dist == "OFF"`` → ``("args.dist", "'OFF'",
+    True)``; a bare ``flag`` reads as ``flag == True``, ``not flag`` as ``flag != True``."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _read(test.operand)
+        return None if inner is None or inner[1] != "True" else (inner[0], "True", not inner[2])
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        key = dotted(test)
+        return None if key is None or key == "__name__" else (key, "True", True)
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    op, left, right = test.ops[0], test.left, test.comparators[0]
+    if isinstance(left, ast.Constant):
+        left, right = right, left
+    key = dotted(left) if isinstance(left, (ast.Name, ast.Attribute)) else None
+    literal = isinstance(right, ast.Constant) and isinstance(right.value, (str, bool, int))
+    if key is None or key == "__name__" or not literal or not isinstance(op, _EQ + _NE):
+        return None
+    assert isinstance(right, ast.Constant)
+    return key, repr(right.value), isinstance(op, _EQ)
+
+
+def _index(facts: ModuleFacts) -> _Index:
+    """Every switch the module tests, with the values whose branch sets up distribution."""
+    cached = facts.memo.get("switches")
+    if isinstance(cached, dict):
+        return cached
+    facts.memo["switches"] = {}  # asked again while it is built (through a callee): nothing
+    # one pass: the set-up calls by position, then each `if` looks its branches up by range
+    setups = sorted(node_start(c) for c in facts.calls if _sets_up(facts, c))
+    index: _Index = {}
+    for node in facts.nodes if setups else []:
+        if not isinstance(node, ast.If):
+            continue
+        read = _read(node.test)
+        if read is None:
+            continue
+        key, value, positive = read
+        group, alone, tested = index.setdefault(key, (set(), set(), set()))
+        tested.add(value)
+        body, orelse = _holds(setups, node.body), _holds(setups, node.orelse)
+        if body != orelse:
+            (group if body == positive else alone).add(value)
+    facts.memo["switches"] = index
+    return index
+
+
+def _sets_up(facts: ModuleFacts, call: ast.Call) -> bool:
+    """The call creates the process group, itself or through functions of the project (read
+    here, not through their summaries: a summary classifies guards, which read switches)."""
+    if tail(call_name(call, facts.imports)) in _GROUP_INITS:
+        return True
+    return any(_function_creates(owner, func) for owner, func in facts.callees(call))
+
+
+def _function_creates(facts: ModuleFacts, func: ast.AST) -> bool:
+    key = ("creates-group", id(func))
+    cached = facts.memo.get(key)
+    if isinstance(cached, bool):
+        return cached
+    facts.memo[key] = False  # a function calling itself does not create a group by that
+    found = any(
+        isinstance(node, ast.Call) and _sets_up(facts, node)
+        for node in facts.scope_nodes.get(func, [])
+    )
+    facts.memo[key] = found
+    return found
+
+
+def _holds(setups: list[tuple[int, int]], stmts: list[ast.stmt]) -> bool:
+    """Whether a set-up call starts inside ``stmts`` (positions sorted: a binary search)."""
+    if not stmts:
+        return False
+    first, last = stmts[0], stmts[-1]
+    end = (getattr(last, "end_lineno", 0) or 0, getattr(last, "end_col_offset", 0) or 0)
+    at = bisect.bisect_left(setups, node_start(first))
+    return at < len(setups) and setups[at] <= end
