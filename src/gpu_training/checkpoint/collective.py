@@ -56,6 +56,7 @@ from gpu_training.checkpoint.files import (
     check_step,
     entry_problem,
     file_checksum,
+    read_ahead,
 )
 from gpu_training.checkpoint.formats import CheckpointFormat, format_of
 from gpu_training.checkpoint.offline import inspect_step
@@ -67,6 +68,7 @@ __all__ = ["check_plain", "choose_verified", "save_directory"]
 
 # DCP names rank r's files "__r_<n>.distcp"; DeepSpeed "[bf16_]zero_pp_rank_r_mp_rank_00_*.pt"
 _RANK_FILE_RE = re.compile(r"__(\d+)_|zero_pp_rank_(\d+)_")
+_READ_AHEAD_MIN_BYTES = 64 << 20  # below this, the hashing rank reads it about as fast alone
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,15 +100,19 @@ def _write_extra(tmp: Path, extra: Mapping[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _writer(name: str, world_size: int) -> int:
+    """The rank that wrote (and checksums) file ``name``: its rank number, else rank 0."""
+    match = _RANK_FILE_RE.search(name)
+    return int(match.group(1) or match.group(2)) % world_size if match else 0
+
+
 def _own_files(tmp: Path, ctx: DistributedContext) -> list[dict[str, Any]]:
     """Size and checksum of the files this rank answers for (its own shards; rank 0: the rest)."""
     entries = []
     with os.scandir(tmp) as found:
         names = sorted(e.name for e in found if e.is_file(follow_symlinks=False))
     for name in names:
-        match = _RANK_FILE_RE.search(name)
-        owner = int(match.group(1) or match.group(2)) % ctx.world_size if match else 0
-        if owner != ctx.rank:
+        if _writer(name, ctx.world_size) != ctx.rank:
             continue
         file = tmp / name
         # hashed by the rank that wrote it, while it is still in that node's page cache
@@ -255,11 +261,51 @@ def save_directory(
 # loading
 
 
+def _checksum_share(entries: list[dict[str, Any]], ctx: DistributedContext) -> list[Any]:
+    """The manifest entries this rank checksums on load.
+
+    Rank r takes ``__r_*`` / ``zero_pp_rank_r_*``: at the same world size, the files it loads
+    next, so they are read into its own node's page cache. The others go round-robin, the
+    largest first, from the last rank (rank 0 also lists the candidates).
+    """
+    ranked = [e for e in entries if _RANK_FILE_RE.search(str(e["name"]))]
+    others = [e for e in entries if not _RANK_FILE_RE.search(str(e["name"]))]
+    others.sort(key=lambda e: -int(e["size"]))
+    mine = [e for e in ranked if _writer(str(e["name"]), ctx.world_size) == ctx.rank]
+    return mine + others[ctx.world_size - 1 - ctx.rank :: ctx.world_size]
+
+
+def _read_ahead_share(
+    entries: list[dict[str, Any]], ctx: DistributedContext
+) -> list[tuple[str, int, int]]:
+    """(name, offset, length) this rank asks the page cache to read for another rank's share.
+
+    A large file that no rank wrote (DeepSpeed's model states: a third more than a rank's
+    own file) is checksummed by one rank after its own: the others, idle by then, have the
+    kernel read a slice each beforehand. One node only: another node's page cache is not
+    the hashing rank's.
+    """
+    if ctx.world_size == 1 or ctx.local_world_size != ctx.world_size:
+        return []
+    others = [e for e in entries if not _RANK_FILE_RE.search(str(e["name"]))]
+    hashed_here = {str(e["name"]) for e in _checksum_share(entries, ctx)}
+    out = []
+    for entry in others:
+        size = int(entry["size"])
+        if size < _READ_AHEAD_MIN_BYTES or str(entry["name"]) in hashed_here:
+            continue
+        part = -(-size // ctx.world_size)
+        out.append((str(entry["name"]), ctx.rank * part, part))
+    return out
+
+
 def _verify_shared(ctx: DistributedContext, path: Path, manifest: dict[str, Any]) -> list[str]:
     """Checksums ``path``'s files, each rank a share of them; every rank gets all problems."""
     problems: list[str] = []
     with Attempt() as check:
-        for entry in manifest["files"][ctx.rank :: ctx.world_size]:
+        for name, start, length in _read_ahead_share(manifest["files"], ctx):
+            read_ahead(path / name, start, length)
+        for entry in _checksum_share(manifest["files"], ctx):
             problem = entry_problem(path, entry, checksums=True)
             if problem is not None:
                 problems.append(problem)

@@ -67,12 +67,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gpu_training.checkpoint.attempt import Attempt, settle, uses_process_group
 from gpu_training.checkpoint.collective import check_plain, choose_verified, save_directory
-from gpu_training.checkpoint.dcp_read import (
-    SafeLoadPlanner,
-    SafeReader,
-    check_dcp_storage,
-    load_everything,
-)
+from gpu_training.checkpoint.dcp_mapped import MappedReader
+from gpu_training.checkpoint.dcp_read import SafeLoadPlanner, check_dcp_storage, load_everything
 from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
 from gpu_training.checkpoint.files import (
     EXTRA_NAME,
@@ -228,7 +224,8 @@ def load_sharded(
     extra: dict[str, Any] = {}
     with Attempt() as load:
         with _quiet_single_process(), weights_only_loads():
-            dcp.load(state, storage_reader=SafeReader(chosen), planner=SafeLoadPlanner())
+            # the files were just read and hashed: mapped, their pages are copied once
+            dcp.load(state, storage_reader=MappedReader(chosen), planner=SafeLoadPlanner())
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:

@@ -47,6 +47,7 @@ from gpu_training.checkpoint.zero_read import (
     check_files,
     deepspeed_model_state,
     guarded,
+    mapped_loads,
     quiet,
     refusals,
 )
@@ -139,7 +140,7 @@ def load_deepspeed(
             )
     settle(ctx, check, what)
     with Attempt() as load:
-        with quiet(), guarded(trusted), refusals(chosen):
+        with quiet(), guarded(trusted), refusals(chosen), mapped_loads(engine, trusted):
             path, _ = engine.load_checkpoint(
                 str(chosen.parent),
                 tag=chosen.name,

@@ -38,6 +38,7 @@ __all__ = [
     "deepspeed_model_state",
     "guarded",
     "load_deepspeed_file",
+    "mapped_loads",
     "quiet",
     "refusals",
 ]
@@ -66,6 +67,58 @@ def guarded(trusted: bool) -> Iterator[None]:
         return
     with weights_only_loads(DEEPSPEED_SAFE_GLOBALS):
         yield
+
+
+@contextlib.contextmanager
+def mapped_loads(engine: Any, trusted: bool) -> Iterator[None]:
+    """DeepSpeed's own file loads memory-mapped, its optimizer state copied into its tensors.
+
+    ``engine.load_checkpoint`` ``torch.load``s the model-states file twice on every rank (once
+    to check it) and each optimizer file into fresh memory. Mapped, each load shares the page
+    cache's pages (which the checksum pass just read) and only what DeepSpeed copies into the
+    engine is copied. torch's ``Optimizer.load_state_dict`` keeps the loaded moments as they
+    are: they are copied here into the tensors the optimizer held before (a clone where it
+    held none), so no state stays backed by the checkpoint's files. ``trusted`` leaves
+    DeepSpeed's reader as it is.
+
+    Args:
+        engine: The ``DeepSpeedEngine`` about to ``load_checkpoint``.
+        trusted: Whether DeepSpeed's own, unforced reader runs (nothing is changed then).
+
+    Yields:
+        Nothing; DeepSpeed's loads inside are ``weights_only`` (run it inside :func:`guarded`).
+    """
+    reader: Any = getattr(engine, "checkpoint_engine", None)
+    base: Any = getattr(getattr(engine, "optimizer", None), "optimizer", None)
+    state = getattr(base, "state", None)
+    if trusted or type(reader).__name__ != "TorchCheckpointEngine" or state is None:
+        yield
+        return
+    held = {param: dict(values) for param, values in state.items()}
+
+    def load(path: str, map_location: Any = None) -> Any:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+
+    reader.load = load  # this engine's loads only, for this call
+    try:
+        yield
+    finally:
+        del reader.load  # the class's own method again
+    for param, values in base.state.items():  # load_state_dict replaced the dict itself
+        for key, value in values.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            old = held.get(param, {}).get(key)
+            if old is value:
+                continue
+            if isinstance(old, torch.Tensor) and _alike(old, value):
+                values[key] = old.copy_(value)
+            else:
+                values[key] = value.clone()  # off the mapping: the file may go away
+
+
+def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
 
 
 def _pickle_files(step_dir: Path, share: slice = slice(None)) -> list[Path]:
