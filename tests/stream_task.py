@@ -169,3 +169,56 @@ _VOCAB = build_datasets(block_size=16).tokenizer.vocab_size  # at import: not un
 def plain_model() -> nn.Module:
     """A small character transformer for :func:`plain_data`."""
     return CharTransformer(CharLMConfig(block_size=16, n_layer=1, n_head=2, n_embd=16), _VOCAB)
+
+
+def stream_job(
+    tmp: Path,
+    out: Path,
+    stream: Path,
+    task: str,
+    *,
+    global_batch: int,
+    per_device: int,
+    steps: int,
+    **options: Any,
+) -> Path:
+    """The tests' streamed job file (a checkpoint every 3 steps, DDP): the tiny transformer
+    reading ``stream`` through ``task`` (one of this module's)."""
+    import yaml
+
+    job = {
+        "task": f"stream_task:{task}",
+        "task_options": {
+            "record_dir": str(tmp / "ids_live"),  # one path for every run: not a math change
+            "stream": str(stream),
+            "block_size": 16,
+            "n_layer": 1,
+            "n_head": 2,
+            "n_embd": 16,
+            "bias": False,
+            **options,
+        },
+        "training": {
+            "global_batch_size": global_batch,
+            "per_device_batch_size": per_device,
+            "learning_rate": 3e-3,
+            "warmup_steps": 1,
+            "max_steps": steps,
+            "precision": "fp32",
+            "seed": 5,
+        },
+        "strategy": {"name": "ddp"},
+        "checkpoint": {"every": 3, "keep_last_n": 5},
+        "run": {
+            "output_dir": str(out),
+            "log_every": 1,
+            "eval_every": 100,
+            "eval_batches": 1,
+            "plot": False,
+            "tensorboard": False,
+            "progress": False,
+        },
+    }
+    path = tmp / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from torch.utils.data import IterableDataset
 
 from dist_harness import REPO_ROOT, run_python
@@ -27,7 +26,7 @@ from gpu_training.stateful_stream import StatefulPosition, check_data_state
 from gpu_training.streaming import StreamPosition
 from gpu_training.train_data import build_train_data
 from resume_jobs import weights
-from stream_task import read_steps, write_stream
+from stream_task import read_steps, stream_job, write_stream
 from train_jobs import train
 
 
@@ -136,42 +135,9 @@ G, B, STEPS = 8, 2, 6
 
 
 def _job(tmp: Path, out: Path, stream: Path, **options: Any) -> Path:
-    job = {
-        "task": "stream_task:stateful_task",
-        "task_options": {
-            "record_dir": str(tmp / "ids_live"),  # one path for every run: not a math change
-            "stream": str(stream),
-            "block_size": 16,
-            "n_layer": 1,
-            "n_head": 2,
-            "n_embd": 16,
-            "bias": False,
-            **options,
-        },
-        "training": {
-            "global_batch_size": G,
-            "per_device_batch_size": B,
-            "learning_rate": 3e-3,
-            "warmup_steps": 1,
-            "max_steps": STEPS,
-            "precision": "fp32",
-            "seed": 5,
-        },
-        "strategy": {"name": "ddp"},
-        "checkpoint": {"every": 3, "keep_last_n": 5},
-        "run": {
-            "output_dir": str(out),
-            "log_every": 1,
-            "eval_every": 100,
-            "eval_batches": 1,
-            "plot": False,
-            "tensorboard": False,
-            "progress": False,
-        },
-    }
-    path = tmp / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return path
+    return stream_job(
+        tmp, out, stream, "stateful_task", global_batch=G, per_device=B, steps=STEPS, **options
+    )
 
 
 def _run(path: Path, out: Path, *args: str) -> list:

@@ -31,7 +31,7 @@ from gpu_training.tasks import resolve_task
 from gpu_training.tasks.streams import FileStream, HFStream
 from gpu_training.train_data import build_train_data
 from resume_jobs import weights
-from stream_task import read_steps, write_stream
+from stream_task import read_steps, stream_job, write_stream
 from train_jobs import train
 
 G, B = 8, 2
@@ -171,42 +171,16 @@ STEPS = 6
 
 
 def _job(tmp: Path, out: Path, stream: Path) -> Path:
-    job = {
-        "task": "stream_task:recording_task",
-        "task_options": {
-            "record_dir": str(tmp / "ids_live"),  # one path for every run: not a math change
-            "stream": str(stream),
-            "block_size": 16,
-            "n_layer": 1,
-            "n_head": 2,
-            "n_embd": 16,
-            "bias": False,
-            "stream_workers": 2,
-        },
-        "training": {
-            "global_batch_size": G,
-            "per_device_batch_size": B,
-            "learning_rate": 3e-3,
-            "warmup_steps": 1,
-            "max_steps": STEPS,
-            "precision": "fp32",
-            "seed": 5,
-        },
-        "strategy": {"name": "ddp"},
-        "checkpoint": {"every": 3, "keep_last_n": 5},
-        "run": {
-            "output_dir": str(out),
-            "log_every": 1,
-            "eval_every": 100,
-            "eval_batches": 1,
-            "plot": False,
-            "tensorboard": False,
-            "progress": False,
-        },
-    }
-    path = tmp / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return path
+    return stream_job(
+        tmp,
+        out,
+        stream,
+        "recording_task",
+        global_batch=G,
+        per_device=B,
+        steps=STEPS,
+        stream_workers=2,
+    )
 
 
 def _train_recorded(path: Path, world: int, out: Path, *args: str) -> str:
