@@ -239,3 +239,57 @@ for step, _ in enumerate(tel.batches(range(10))):
     (log,) = read_rank_logs(tmp_path).values()
     assert log.rank == 3 and log.start["world_size"] == 4
     assert [r.step for r in log.steps] == [1, 2, 3, 4]
+
+
+def test_a_ddp_rank_keeps_one_hook_and_arrives_after_its_last_gradient(
+    free_port: int, tmp_path: Path
+) -> None:
+    """Under DDP the first backward learns which gradient comes last; one hook stays on it.
+
+    A hook on every parameter for good would cost a Python call per parameter per step; the
+    arrival is when backward produced the last gradient of the step's last micro-batch.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gpu_training.telemetry import RankTelemetry
+
+    store = dist.TCPStore("127.0.0.1", free_port, 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+        tel = RankTelemetry(tmp_path, rank=0, start={"world_size": 1})
+        assert tel.attach(model) == "ddp_last_gradient"
+        first = model.module[0].weight  # the first layer's gradient comes last in backward
+
+        def hooks(param: torch.Tensor) -> int:
+            return len(getattr(param, "_post_accumulate_grad_hooks", None) or {})
+
+        assert [hooks(p) for p in model.parameters()] == [1, 1, 1, 1]
+        for step, _ in enumerate(tel.batches(range(3))):
+            tel.compute_started()
+            for micro in range(2):  # two micro-batches: the first without the all-reduce
+                context = model.no_sync() if micro == 0 else contextlib.nullcontext()
+                with context:
+                    model(torch.randn(3, 4)).sum().backward()
+                if micro == 0:
+                    time.sleep(0.01)  # compute between the micro-batches
+            tel.optimizer_started()
+            tel.step_done(step + 1)
+            if step == 0:  # settled: only the last gradient's parameter keeps a hook
+                assert [hooks(p) for p in model.parameters()] == [1, 0, 0, 0]
+                assert hooks(first) == 1
+        tel.close()
+    finally:
+        del model
+        dist.destroy_process_group()
+    steps = read_rank_logs(tmp_path)[0].steps
+    assert [r.step for r in steps] == [1, 2, 3]
+    for record in steps:
+        # the arrival is the last micro-batch's, after the 10 ms between them; the all-reduce
+        # of one rank is over in well under that
+        assert record.arrival_ms is not None and record.arrival_ms >= 10.0, record
+        assert record.comm_ms < 5.0 and record.compute_ms >= 10.0, record
