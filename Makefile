@@ -8,13 +8,14 @@ EXTRAS ?= dev,monitor,plot,tensorboard,trackers,hf
 NPROC ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help install slurm chromium test test-quick test-matrix test-tp test-gpu lint format demo bench bench-env bench-gpu clean
+.PHONY: help install slurm chromium test test-quick test-matrix test-faults test-tp test-gpu lint format demo bench bench-env bench-gpu clean
 
 help:
 	@echo "make demo      train the built-in example on $(NPROC) CPU processes (torchrun, gloo)"
 	@echo "make test      run the whole test suite"
 	@echo "make test-quick the suite without the tests marked slow (the inner loop; CI runs all)"
 	@echo "make test-matrix every strategy and world size resumed by every other (~40 min on 2 cores)"
+	@echo "make test-faults every cell of the fault matrix: 4 faults x 4 runners x 4 places (~6 min)"
 	@echo "make test-tp     tensor parallel x FSDP2: parity, resumes across layouts, plans, HF Llama (~8 min)"
 	@echo "make lint      ruff + mypy"
 	@echo "make test-gpu  the GPU tier (needs CUDA)"
@@ -78,6 +79,11 @@ MATRIX_REPORT ?= runs/resume-matrix.jsonl
 test-matrix: $(VENV)/.installed
 	@mkdir -p $(dir $(MATRIX_REPORT)) && rm -f $(MATRIX_REPORT)
 	GT_RESUME_MATRIX=$(MATRIX_REPORT) $(PYTEST) -m matrix tests/test_resume_matrix.py tests/test_streaming.py --durations=15 $(PYTEST_ARGS)
+
+# The whole fault matrix (tests/test_faults.py: 63 cells; make test runs a Latin square of 16,
+# in which every fault kind meets every runner and every place).
+test-faults: $(VENV)/.installed
+	$(PYTEST) -m "matrix or not matrix" tests/test_faults.py --durations=15 $(PYTEST_ARGS)
 
 # Tensor parallel x FSDP2 (tests/test_tensor_parallel.py): make test runs its parity tests, the
 # negative control and one resume; this adds the rest (marked `matrix`): resumes across layouts

@@ -22,7 +22,9 @@ loader has a worker process, where the fault then is. A worker process has no pr
 group, so "mismatch x helper x data" has no cell.
 
 The cells run in the background, a few at a time (:data:`PARALLEL`), from the first test that
-needs one; each test waits for its own. What a user sees in each cell is in
+needs one; each test waits for its own. ``make test`` runs a Latin square of the matrix
+(:func:`in_make_test`: every kind with every runner, each at every place), ``make
+test-faults`` all of it. What a user sees in each cell is in
 docs/troubleshooting.md ("When a rank fails").
 """
 
@@ -317,9 +319,21 @@ _KNOWN: dict[str, str] = {}
 """Cells that cannot pass yet, with the reason (none left)."""
 
 
+def in_make_test(cell: Cell) -> bool:
+    """Whether ``make test`` runs the cell: a Latin square of the matrix (16 of its 63 cells).
+
+    Every kind meets every runner once, and each kind and each runner meets every place once
+    (the place is the kind's and the runner's indices summed, modulo 4). ``make test-faults``
+    runs every cell; the others are marked ``matrix``, which ``make test`` leaves out.
+    """
+    k, r = KINDS.index(cell.kind), RUNNERS.index(cell.runner)
+    return PLACES[(k + r) % len(PLACES)] == cell.where
+
+
 def _marks(cell: Cell) -> list[pytest.MarkDecorator]:
     reason = _KNOWN.get(cell.name)
-    return [pytest.mark.xfail(reason=reason, run=False)] if reason else []
+    marks = [pytest.mark.xfail(reason=reason, run=False)] if reason else []
+    return marks if in_make_test(cell) else [*marks, pytest.mark.matrix]
 
 
 @pytest.mark.parametrize("cell", [pytest.param(c, id=c.name, marks=_marks(c)) for c in CELLS])
