@@ -4,7 +4,8 @@
 id (``"000123 ..."``); a forward pre-hook on the model appends each training micro-batch's ids
 to ``record_dir/rank<R>.txt``, one line per micro-batch, in the order the step consumed them.
 ``restart=True`` is the negative control: a stream that ignores where it was asked to start,
-as a resume that restarts the stream from its beginning would. :func:`stateful_task` reads
+as a resume that restarts the stream from its beginning would; :func:`hf_recording_task` is the
+same for ``task: hf``. :func:`stateful_task` reads
 the same stream through a torchdata-style stateful iterable (:class:`StatefulLines`).
 :func:`plain_data` is a stream without a resume protocol.
 """
@@ -63,6 +64,40 @@ def recording_task(record_dir: str, restart: bool = False, **options: Any) -> Ta
     return task
 
 
+def hf_recording_task(record_dir: str, restart: bool = False, **options: Any) -> Task:
+    """``task: hf`` on ``options['stream']``, tracing the record ids each rank trains on
+    (the window's first tokens, decoded with the task's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    task = resolve_task("hf", options)
+    tokenizer = AutoTokenizer.from_pretrained(options["tokenizer"])
+    build_model, build_data = task.build_model, task.build_data
+
+    def record(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if module.training:
+            rows = [tokenizer.decode(row[: 2 * ID_CHARS]) for row in args[0].tolist()]
+            _append(record_dir, [row[:ID_CHARS] for row in rows])
+
+    def model() -> nn.Module:
+        built = build_model()
+        built.register_forward_pre_hook(record)
+        return built
+
+    def data() -> Any:
+        train, val = build_data()
+        return (_Restarting(train) if restart else train), val
+
+    task.build_model, task.build_data = model, data
+    return task
+
+
+def _append(record_dir: str, ids: list[str]) -> None:
+    """One micro-batch's ids, a line of ``record_dir/rank<R>.txt``."""
+    rank = os.environ.get("RANK", "0")
+    with open(Path(record_dir) / f"rank{rank}.txt", "a") as f:
+        f.write(" ".join(str(int(i)) for i in ids) + "\n")
+
+
 class StatefulLines(IterableDataset[Any]):
     """This rank's share of a stream (record ``i`` on rank ``i % world``) that keeps its own
     position, torchdata's way: ``state_dict`` / ``load_state_dict``, no ``records``/``decode``.
@@ -119,10 +154,8 @@ def _traced(task: Task, record_dir: str, block_size: int) -> Task:
     def record(module: nn.Module, args: tuple[Any, ...]) -> None:
         if not module.training:
             return
-        rank = os.environ.get("RANK", "0")
         ids = ["".join(chars[int(c)] for c in row[:ID_CHARS]) for row in args[0].detach().cpu()]
-        with open(Path(record_dir) / f"rank{rank}.txt", "a") as f:
-            f.write(" ".join(str(int(i)) for i in ids) + "\n")
+        _append(record_dir, ids)
 
     def model() -> nn.Module:
         built = build_model()

@@ -35,6 +35,7 @@ from gpu_training.checkpoint.formats import (
 )
 from gpu_training.ddp import DistributedContext
 from gpu_training.resume import capture_run_state
+from gpu_training.streaming import StreamPosition
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpu_training"
 FORMATS_MODULE = SRC / "checkpoint" / "formats.py"
@@ -139,7 +140,7 @@ def test_a_format_round_trips_a_run_through_its_interface(
     ctx = DistributedContext()
     ckpt = CheckpointManager(tmp_path / "ck", ctx=ctx)
     saved = _trained(0)
-    run_state = capture_run_state(ctx, step=3)
+    run_state = capture_run_state(ctx, step=3, sampler=StreamPosition(8))
     path = fmt.save(ckpt, saved, run_state, {"note": "kept"})
     assert path is not None and path.name == "step-00000003"
     manifest = json.loads((path / "manifest.json").read_text())
@@ -162,6 +163,9 @@ def test_a_format_round_trips_a_run_through_its_interface(
     assert _same(full["model_state"], saved.model.state_dict())
     assert "optimizer_state" in full
     assert fmt.read_extra(path)["note"] == "kept"
+    run = fmt.read_run_state(path)  # what preflight reads of the data position
+    assert run["sampler_state"] == StreamPosition(8).state_dict() and run["world_size"] == 1
+    assert "model_state" not in run and "optimizer_state" not in run
 
 
 @pytest.mark.parametrize("fmt", [PLAIN, SHARDED], ids=["plain", "dcp"])
@@ -341,6 +345,7 @@ def _deepspeed_round_trip(root: str) -> dict[str, Any]:
         full = DEEPSPEED.full_state(Path(str(path)), manifest)
         out["full"] = all(torch.equal(full["model_state"][k], v) for k, v in weights.items())
         out["extra"] = DEEPSPEED.read_extra(Path(str(path)))["note"]
+        out["run_state"] = DEEPSPEED.read_run_state(Path(str(path)))["step"]
         del run
         return out
     finally:
@@ -361,6 +366,7 @@ def test_deepspeed_round_trips_a_run_through_its_interface(tmp_path: Path) -> No
         "shapes": {"weight": (2, 4), "bias": (2,)},  # param_shapes of its model-states file
         "full": True,
         "extra": "kept",
+        "run_state": 1,
     }
     _, manifest = read_manifest(tmp_path)
     assert manifest["state_format"] == "deepspeed"

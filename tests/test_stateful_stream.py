@@ -22,6 +22,8 @@ from torch.utils.data import IterableDataset
 from dist_harness import REPO_ROOT, run_python
 from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.ddp import DistributedContext
+from gpu_training.job import load_job
+from gpu_training.preflight import check_launch
 from gpu_training.stateful_stream import StatefulPosition, check_data_state
 from gpu_training.streaming import StreamPosition
 from gpu_training.train_data import build_train_data
@@ -206,3 +208,47 @@ def test_a_stateful_stream_through_the_cli_not_restored_or_on_one_rank(
     lines = [ln for ln in refused.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "own state on each of 2 ranks and this run has 1" in lines[0]
     assert {p: p.stat().st_mtime_ns for p in one.rglob("*") if p.is_file()} == before
+
+
+_NO_WORKERS = """
+import sys
+import gpu_training.launcher.torchrun as torchrun
+
+def started(*args, **kwargs):  # what would start torchrun's workers: say so, exit 99
+    print("WORKERS STARTED", flush=True)
+    sys.exit(99)
+
+torchrun.run_here = started
+from gpu_training.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _snapshot(folder: Path) -> dict[Path, tuple[int, int]]:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_another_world_size_is_refused_before_any_process_starts(
+    uninterrupted: tuple[Path, Path, list],
+) -> None:
+    """``train --nproc 4`` on the 2-rank checkpoint: one line, exit 2, nothing written, and
+    torchrun's workers never started (the launcher's start is replaced by an exit 99)."""
+    stream, run, _ = uninterrupted
+    tmp = run.parent
+    out = tmp / "four"
+    path = _resume_copy(tmp, run, "four", stream)
+    (tmp / "ids_live").mkdir(exist_ok=True)
+    before = _snapshot(out)
+    argv = ["-c", _NO_WORKERS, "train", str(path), "--nproc", "4"]
+    refused = run_python(argv, timeout=180, cwd=REPO_ROOT)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "WORKERS STARTED" not in refused.stdout
+    lines = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, refused.stderr
+    assert "StatefulLines's own state on each of 2 ranks and this run has 4" in lines[0]
+    assert _snapshot(out) == before  # the run directory and its checkpoints unchanged
+    # the positive control: on the world size that saved it, the launch check passes (its
+    # warnings: the job file's record_dir, which is no math setting, moved)
+    check_launch(load_job(path), 2)

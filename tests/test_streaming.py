@@ -26,6 +26,8 @@ import yaml
 from dist_harness import REPO_ROOT, run_python
 from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.ddp import DistributedContext
+from gpu_training.job import load_job
+from gpu_training.preflight import check_launch
 from gpu_training.streaming import RangeStream
 from gpu_training.tasks import resolve_task
 from gpu_training.tasks.streams import FileStream, HFStream
@@ -278,6 +280,9 @@ def test_stream_without_protocol_refuses_to_resume(tmp_path: Path) -> None:
     assert len(lines) == 1 and "without a resume protocol" in lines[0], again.stderr
     after = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     assert after == before  # nothing written, nothing removed
+    # the launch check says it before any process starts, from the checkpoint alone
+    with pytest.raises(ConfigError, match=r"_Plain has no records\(start\)/decode\(record\)"):
+        check_launch(load_job(path), 1)
 
 
 class _Pairs:

@@ -12,8 +12,10 @@ checks that need no process group:
 - the checkpoint the run would resume from: no damaged checkpoint stands in the way, the
   strategy can load its format (every format loads every other's), its recorded settings
   match the job (or ``allow_config_change``), its model has the job's parameter shapes, its
-  files hold nothing outside the ``weights_only`` allow-lists, and a sharded one's index reads
-  only the checkpoint's own files.
+  files hold nothing outside the ``weights_only`` allow-lists, a sharded one's index reads
+  only the checkpoint's own files, and its data position can be restored on this many ranks
+  (a stream's own per-rank states only on the world size that saved them; a stream nothing
+  placed, never).
 
 Every failure is a :class:`~gpu_training.config.ConfigError` naming the field or file. A
 resume laid out anew is said in one line, before any process starts
@@ -39,6 +41,7 @@ from __future__ import annotations
 import errno
 import json
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -53,8 +56,10 @@ from gpu_training.checkpoint import (
 from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.job import JobConfig
 from gpu_training.resume import ResumeError, check_resumable, layout_change
+from gpu_training.stateful_stream import check_saved_world_size
 from gpu_training.strategy.job_check import check_job
 from gpu_training.strategy.tensor_parallel import check_degree
+from gpu_training.streaming import NoPosition
 from gpu_training.tasks import BUILTIN_TASKS, Task
 from gpu_training.train_data import check_train_data
 
@@ -163,8 +168,10 @@ def _check_resume(
         # every pickle a resume would read holds plain data only (nothing is executed here)
         fmt.check_contents(step_dir, manifest, trusted=trust_checkpoint)
         saved = fmt.saved_shapes(step_dir, manifest)
+        position = fmt.read_run_state(step_dir).get("sampler_state")
     except CheckpointError as err:
         raise ResumeError(f"cannot resume from {step_dir}: {err}") from None
+    _check_data_position(position, nproc // job.strategy.tensor_parallel)
     if saved is not None:
         with torch.device("meta"):  # the shapes only: no memory, no initialisation
             model = task.build_model()
@@ -175,6 +182,13 @@ def _check_resume(
     if change is not None:
         print(f"resuming step {manifest.get('step')} {change}", flush=True)
     return warnings
+
+
+def _check_data_position(position: object, world_size: int) -> None:
+    """What the ranks would refuse of the checkpoint's data position, said before they start."""
+    check_saved_world_size(position, world_size)  # a stream's own per-rank states
+    if isinstance(position, Mapping) and position.get("stream") == 0:  # a stream nothing placed
+        NoPosition(str(position.get("name") or "the training stream")).load_state_dict(position)
 
 
 def _compare_shapes(

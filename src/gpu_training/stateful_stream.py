@@ -36,7 +36,13 @@ from gpu_training.ddp import DistributedContext
 from gpu_training.process_group import process_group_up
 from gpu_training.streaming import StreamPosition
 
-__all__ = ["StatefulIterable", "StatefulPosition", "check_data_state", "is_stateful_iterable"]
+__all__ = [
+    "StatefulIterable",
+    "StatefulPosition",
+    "check_data_state",
+    "check_saved_world_size",
+    "is_stateful_iterable",
+]
 
 _KIND = 2
 """``stream`` in a data position: 1 a global cursor, 2 per-rank states, 0 unknown."""
@@ -98,6 +104,35 @@ def _refuse(name: str, what: str, where: str) -> None:
     )
 
 
+def check_saved_world_size(position: object, world_size: int, name: str | None = None) -> None:
+    """Refuse a checkpoint's per-rank stream states on another world size, in one line.
+
+    Asked by the ranks as they restore and by ``train``'s checks on the launching host (from
+    the checkpoint alone: any other data position passes).
+
+    Args:
+        position: The checkpoint's data position (``sampler_state``), whatever it holds.
+        world_size: The data-parallel ranks of the run that would resume.
+        name: The dataset (default: the name the checkpoint recorded).
+
+    Raises:
+        ConfigError: If ``position`` holds per-rank states of another world size.
+    """
+    if not isinstance(position, Mapping) or position.get("stream") != _KIND:
+        return
+    saved = int(position["world_size"])
+    if saved == world_size:
+        return
+    name = name or str(position.get("name") or "the training stream")
+    raise ConfigError(
+        f"cannot resume: the checkpoint holds {name}'s own state on each of "
+        f"{saved} ranks and this run has {world_size}; a stream's per-rank "
+        f"state cannot be resharded without knowing the stream: resume on {saved} "
+        "ranks, implement records(start)/decode(record) "
+        "(docs/checkpointing.md#streaming-data), or use another checkpoint.dir"
+    )
+
+
 def _gather(ctx: DistributedContext, state: dict[str, Any]) -> list[Any]:
     """Every rank's state, on every rank (a collective)."""
     if not (ctx.is_distributed and process_group_up()):
@@ -138,10 +173,16 @@ class StatefulPosition(StreamPosition):
         return dict(state)
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor's fields plus ``world_size`` and ``ranks`` (one state per rank)."""
+        """The cursor's fields plus ``world_size``, ``ranks`` (one state per rank), ``name``."""
         ranks = _gather(self.ctx, self.own_state())
         cursor = super().state_dict()
-        return {**cursor, "stream": _KIND, "world_size": self.ctx.world_size, "ranks": ranks}
+        return {
+            **cursor,
+            "stream": _KIND,
+            "world_size": self.ctx.world_size,
+            "ranks": ranks,
+            "name": self.name,  # for a refusal on the launching host, which has no dataset
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Rank ``r`` continues from rank ``r``'s saved state (the same world size only).
@@ -155,14 +196,6 @@ class StatefulPosition(StreamPosition):
                 "state, but the checkpoint's data position is not such a stream's: resume it "
                 "with the data it was written with, or use another checkpoint.dir"
             )
-        saved = int(state["world_size"])
-        if saved != self.ctx.world_size:
-            raise ConfigError(
-                f"cannot resume: the checkpoint holds {self.name}'s own state on each of "
-                f"{saved} ranks and this run has {self.ctx.world_size}; a stream's per-rank "
-                f"state cannot be resharded without knowing the stream: resume on {saved} "
-                "ranks, implement records(start)/decode(record) "
-                "(docs/checkpointing.md#streaming-data), or use another checkpoint.dir"
-            )
+        check_saved_world_size(state, self.ctx.world_size, self.name)
         super().load_state_dict({**state, "stream": 1})
         self.dataset.load_state_dict(state["ranks"][self.ctx.rank])

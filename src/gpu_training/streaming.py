@@ -182,9 +182,9 @@ class NoPosition:
         """Remember the epoch (the stream itself decides what an epoch reads)."""
         self.epoch = epoch
 
-    def state_dict(self) -> dict[str, int]:
-        """A marker: this checkpoint cannot place the stream."""
-        return {"stream": 0, "epoch": self.epoch}
+    def state_dict(self) -> dict[str, Any]:
+        """A marker: this checkpoint cannot place the stream (named, for the refusal)."""
+        return {"stream": 0, "epoch": self.epoch, "name": self.name}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Always refuses: one line naming the cause.

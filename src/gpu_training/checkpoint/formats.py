@@ -150,6 +150,10 @@ class CheckpointFormat(Protocol):
         """The caller's extra state saved, as :meth:`load` returns it second."""
         ...
 
+    def read_run_state(self, step_dir: Path) -> dict[str, Any]:
+        """The run state saved (``world_size``, ``sampler_state``...), without the model's."""
+        ...
+
     def param_source(
         self, step_dir: Path, manifest: Mapping[str, Any], *, order: Order, trusted: bool = False
     ) -> ParamSource:
@@ -315,6 +319,13 @@ class PlainCheckpointFormat:
         extra = load_plain(step_dir / STATE_NAME).get("extra")
         return dict(extra) if isinstance(extra, Mapping) else {}
 
+    def read_run_state(self, step_dir: Path) -> dict[str, Any]:
+        """``state.pt`` memory-mapped, less the model and optimizer (no tensor of them read)."""
+        state = torch.load(step_dir / STATE_NAME, map_location="cpu", weights_only=True, mmap=True)
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{step_dir / STATE_NAME} holds no run state")
+        return {k: v for k, v in state.items() if k not in ("model_state", "optimizer_state")}
+
     def param_source(
         self, step_dir: Path, manifest: Mapping[str, Any], *, order: Order, trusted: bool = False
     ) -> ParamSource:
@@ -412,6 +423,10 @@ class ShardedCheckpointFormat:
         """``extra.pt``."""
         return _extra_file(step_dir)
 
+    def read_run_state(self, step_dir: Path) -> dict[str, Any]:
+        """``extra.pt`` (the run state and the caller's extra, in one dict)."""
+        return _extra_file(step_dir)
+
     def param_source(
         self, step_dir: Path, manifest: Mapping[str, Any], *, order: Order, trusted: bool = False
     ) -> ParamSource:
@@ -487,6 +502,10 @@ class DeepSpeedCheckpointFormat:
 
     def read_extra(self, step_dir: Path) -> dict[str, Any]:
         """``extra.pt``."""
+        return _extra_file(step_dir)
+
+    def read_run_state(self, step_dir: Path) -> dict[str, Any]:
+        """``extra.pt`` (the run state and the caller's extra, in one dict)."""
         return _extra_file(step_dir)
 
     def param_source(

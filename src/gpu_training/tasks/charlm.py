@@ -45,6 +45,7 @@ from gpu_training.tasks.chardata import (
     load_corpus,
     unigram_baseline,
 )
+from gpu_training.tasks.stream_options import check_stream_options
 
 __all__ = [
     "CORPUS_RESOURCE",
@@ -143,18 +144,7 @@ class CharLMConfig:
                 raise ConfigError(
                     f"field '{name}': expected a number in {interval}, got {value}", name
                 )
-        if self.stream is not None and not isinstance(self.stream, str):
-            raise ConfigError(f"field 'stream': expected a path, got {self.stream!r}", "stream")
-        if self.stream_reader not in ("files", "hf"):
-            raise ConfigError(
-                f"field 'stream_reader': expected files or hf, got {self.stream_reader!r}",
-                "stream_reader",
-            )
-        w = self.stream_workers
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise ConfigError(
-                f"field 'stream_workers': expected an integer >= 0, got {w!r}", "stream_workers"
-            )
+        check_stream_options(self.stream, self.stream_reader, self.stream_workers)
         if not isinstance(self.bias, bool):
             raise ConfigError(f"field 'bias': expected true or false, got {self.bias!r}", "bias")
 

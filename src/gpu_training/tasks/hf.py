@@ -8,6 +8,7 @@
       # model_dir: models/Llama-3.2-1B     # ... or fine-tune a local from_pretrained dir
       tokenizer: configs/hf/tokenizer      # default: model_dir
       train_files: [corpus/*.txt]          # .txt, .jsonl, .parquet (globs allowed)
+      # stream: data/shards/             # ... or read lazily, tokenized on the fly
       block_size: 256                      # tokens per sample
       lora: {r: 8, lora_alpha: 16, target_modules: [q_proj, v_proj]}   # optional (peft)
 
@@ -16,8 +17,11 @@ that says how to fetch it first. The model is any causal LM the installed ``tran
 supports (``AutoModelForCausalLM``), built in ``dtype`` with ``attn_implementation``; the
 Trainer calls it on token ids and scores its ``.logits`` against the shifted targets with the
 default ``(sum, count)`` cross-entropy (targets of -100 — prompt tokens of instruction data —
-are not scored, and the count is the global batch's). Data is tokenized once into a cache
-(:mod:`gpu_training.tasks.hf_data`).
+are not scored, and the count is the global batch's). ``train_files`` are tokenized once into
+a cache and packed (:mod:`gpu_training.tasks.hf_data`); ``stream: <path>`` (with
+``stream_reader``, ``text_field``, ``stream_workers``, the built-in task's names) is read
+lazily instead, each record tokenized on the fly into one window
+(:mod:`gpu_training.tasks.hf_stream`), resumable at any world size.
 
 With ``lora``, the base is frozen and ``peft`` adds adapters to the named modules; the
 optimizer gets only what trains, and checkpoints hold only the adapters (the frozen base is
@@ -30,19 +34,23 @@ files (:func:`checkpoint_extra`), so ``gpu-training ckpt export-hf`` needs nothi
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from gpu_training.config import ConfigError
 from gpu_training.meta_device import meta_device
+from gpu_training.tasks.hf_model import (
+    build_hf_model,
+    hf_config,
+    is_pretrained_model,
+    keep_only_trainable_in_state_dict,
+    load_tokenizer,
+)
+from gpu_training.tasks.hf_options import DTYPES, HFTaskOptions, option_error
 
 __all__ = [
     "DTYPES",
@@ -56,341 +64,8 @@ __all__ = [
     "plan_task",
 ]
 
-DTYPES: dict[str, torch.dtype | str] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "auto": "auto",
-}
-"""``task_options.dtype`` values: the dtype the weights are built or loaded in."""
-
 _DEFAULT_CACHE = Path("~/.cache/gpu_training/tokens")
 _EXTRA_KEY = "hf"  # the checkpoint's extra["hf"]: what export-hf needs
-
-
-def _error(name: str, message: str) -> ConfigError:
-    field_name = f"task_options.{name}"
-    return ConfigError(f"field '{field_name}': {message}", field_name)
-
-
-def _looks_like_hub_name(text: str) -> bool:
-    parts = text.split("/")
-    return (
-        len(parts) == 2
-        and all(parts)
-        and not text.startswith((".", "~", os.sep))
-        and not Path(parts[0]).exists()
-    )
-
-
-def _local_dir(name: str, value: str, what: str) -> Path:
-    """``value`` as an existing local directory, or one line saying how to get it."""
-    path = Path(value).expanduser()
-    if path.is_dir():
-        return path
-    if _looks_like_hub_name(value):
-        raise _error(
-            name,
-            f"'{value}' is not a local directory; it looks like a Hugging Face Hub name and "
-            "nothing is downloaded here: fetch it first (huggingface-cli download "
-            f"{value} --local-dir models/{value.split('/')[1]}) and give that directory "
-            f"(or, if it is a path, check it: no {path.resolve()})",
-        )
-    kind = "a file, not a directory" if path.exists() else "no such directory"
-    raise _error(name, f"{value}: {kind}; expected a local directory holding {what}")
-
-
-@dataclass
-class HFTaskOptions:
-    """``task_options`` of ``task: hf`` (checked on construction, one line per mistake)."""
-
-    model_dir: str | None = None
-    """A local ``from_pretrained`` directory (config.json, safetensors, tokenizer files)."""
-
-    config: str | dict[str, Any] | None = None
-    """Pre-training from scratch: a ``config.json`` path (or its directory), or the config as
-    a mapping with ``model_type`` (e.g. ``{model_type: llama, hidden_size: 256, ...}``)."""
-
-    tokenizer: str | None = None
-    """A local tokenizer directory (default: ``model_dir``)."""
-
-    dtype: str = "float32"
-    """Weights' dtype: ``float32`` (master weights; ``training.precision`` sets the compute),
-    ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's)."""
-
-    attn_implementation: str | None = None
-    """``eager``, ``sdpa``, ``flash_attention_2``...; None: transformers' default."""
-
-    train_files: list[str] = field(default_factory=list)
-    """Training text: ``.txt``/``.md`` (a file is a document), ``.jsonl``, ``.parquet``; globs."""
-
-    val_files: list[str] = field(default_factory=list)
-    """Validation files; none: the last ``val_fraction`` of the training windows."""
-
-    val_fraction: float = 0.05
-    """Share of the training windows held out when no ``val_files`` are given (0: none)."""
-
-    block_size: int | None = None
-    """Tokens per sample (default: the model's context, at most 1024)."""
-
-    text_field: str = "text"
-    """JSONL/Parquet field of a document's text."""
-
-    prompt_field: str | None = None
-    """Instruction data: the prompt's field (its tokens are not scored)."""
-
-    response_field: str | None = None
-    """Instruction data: the response's field (the loss is on these tokens and EOS)."""
-
-    cache_dir: str | None = None
-    """Where tokenized data is cached (default ``~/.cache/gpu_training/tokens``)."""
-
-    lora: dict[str, Any] | None = None
-    """LoRA adapters (``peft.LoraConfig`` fields: ``r``, ``lora_alpha``, ``lora_dropout``,
-    ``target_modules``...) on a frozen ``model_dir`` base."""
-
-    def __post_init__(self) -> None:
-        if (self.model_dir is None) == (self.config is None):
-            raise _error(
-                "model_dir",
-                "give exactly one of model_dir (a local from_pretrained directory) and config "
-                "(a config.json or a mapping, to pre-train from scratch)",
-            )
-        if self.model_dir is not None:
-            _local_dir("model_dir", _str("model_dir", self.model_dir), "a from_pretrained model")
-        if isinstance(self.config, str):
-            path = Path(self.config).expanduser()
-            if not (path.is_file() or (path / "config.json").is_file()):
-                if _looks_like_hub_name(self.config):
-                    _local_dir("config", self.config, "a config.json")  # the Hub hint
-                raise _error("config", f"{self.config}: no such config.json file or directory")
-        elif self.config is not None and not isinstance(self.config, dict):
-            raise _error("config", f"expected a path or a mapping, got {self.config!r}")
-        elif isinstance(self.config, dict) and "model_type" not in self.config:
-            raise _error("config", "a config mapping needs 'model_type' (e.g. llama, gpt2)")
-        if self.tokenizer is not None:
-            _local_dir("tokenizer", _str("tokenizer", self.tokenizer), "tokenizer files")
-        if self.dtype not in DTYPES:
-            raise _error("dtype", f"expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in ("attn_implementation", "cache_dir", "prompt_field", "response_field"):
-            if getattr(self, name) is not None:
-                _str(name, getattr(self, name))
-        _str("text_field", self.text_field)
-        self.train_files = _file_list("train_files", self.train_files)
-        self.val_files = _file_list("val_files", self.val_files)
-        if (self.prompt_field is None) != (self.response_field is None):
-            raise _error(
-                "prompt_field", "instruction data needs both prompt_field and response_field"
-            )
-        if isinstance(self.val_fraction, bool) or not (
-            isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1
-        ):
-            raise _error("val_fraction", f"expected a number in [0, 1), got {self.val_fraction!r}")
-        if self.block_size is not None and (
-            isinstance(self.block_size, bool)
-            or not isinstance(self.block_size, int)
-            or self.block_size < 1
-        ):
-            raise _error("block_size", f"expected an integer >= 1, got {self.block_size!r}")
-        if self.lora is not None:
-            if not isinstance(self.lora, dict):
-                raise _error("lora", f"expected a mapping of LoraConfig fields, got {self.lora!r}")
-            if self.model_dir is None:
-                raise _error("lora", "LoRA adapts a pretrained base: give model_dir")
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> HFTaskOptions:
-        """Options from a job file's ``task_options`` (unknown keys named, with a hint)."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in options:
-            if key not in names:
-                import difflib
-
-                close = difflib.get_close_matches(str(key), names, n=1)
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
-                raise ConfigError(
-                    f"task 'hf' has no option '{key}'{hint}; options: {', '.join(names)}",
-                    f"task_options.{key}",
-                )
-        return cls(**dict(options))
-
-    @property
-    def tokenizer_dir(self) -> Path | None:
-        """The tokenizer's directory: ``tokenizer``, else ``model_dir``."""
-        chosen = self.tokenizer or self.model_dir
-        return Path(chosen).expanduser() if chosen is not None else None
-
-
-def _str(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise _error(name, f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def _file_list(name: str, value: object) -> list[str]:
-    """Paths and globs, expanded and sorted per pattern; each must match a file."""
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(v, str) and v for v in items):
-        raise _error(name, f"expected a list of file paths or globs, got {value!r}")
-    files: list[str] = []
-    for pattern in items:
-        expanded = os.path.expanduser(pattern)
-        matches = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
-        matches = [m for m in matches if Path(m).is_file()]
-        if not matches:
-            raise _error(name, f"{pattern}: no such file")
-        files += matches
-    return files
-
-
-# --- building ---------------------------------------------------------------------------------
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # per-rank weight-loading bars would flood the log
-    hf_logging.set_verbosity_error()
-
-
-def hf_config(options: HFTaskOptions) -> Any:
-    """The model's ``PretrainedConfig`` (from ``model_dir`` or ``config``), ``use_cache`` off.
-
-    Raises:
-        ConfigError: Naming the field, when the config does not parse or names an unknown
-            ``model_type``.
-    """
-    _quiet_transformers()
-    from transformers import AutoConfig
-
-    try:
-        if options.model_dir is not None:
-            config = AutoConfig.from_pretrained(options.model_dir, local_files_only=True)
-        elif isinstance(options.config, dict):
-            data = dict(options.config)
-            config = AutoConfig.for_model(data.pop("model_type"), **data)
-        else:
-            assert options.config is not None
-            path = Path(options.config).expanduser()
-            path = path / "config.json" if path.is_dir() else path
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or "model_type" not in data:
-                raise ValueError("expected a JSON object with 'model_type'")
-            config = AutoConfig.for_model(data.pop("model_type"), **data)
-    except (ValueError, KeyError, OSError, TypeError) as err:
-        where = "model_dir" if options.model_dir is not None else "config"
-        raise _error(where, f"not a usable model config: {' '.join(str(err).split())}") from None
-    config.use_cache = False  # training: no key/value cache in the outputs
-    return config
-
-
-def load_tokenizer(options: HFTaskOptions) -> Any:
-    """The tokenizer from ``tokenizer`` (or ``model_dir``), local files only.
-
-    Raises:
-        ConfigError: If there is no tokenizer directory or its files do not load.
-    """
-    directory = options.tokenizer_dir
-    if directory is None:
-        raise _error(
-            "tokenizer",
-            "pre-training from a config needs a tokenizer: give a local tokenizer directory",
-        )
-    _quiet_transformers()
-    from transformers import AutoTokenizer
-
-    name = "tokenizer" if options.tokenizer is not None else "model_dir"
-    try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError) as err:
-        raise _error(
-            name, f"{directory}: no tokenizer loads from it ({' '.join(str(err).split())[:200]})"
-        ) from None
-
-
-def is_pretrained_model(model: nn.Module) -> bool:
-    """Whether ``model`` is a ``transformers`` PreTrainedModel or a ``peft`` model of one.
-
-    Never imports transformers: a model of it means it is imported already.
-    """
-    return any(cls.__name__ in ("PreTrainedModel", "PeftModel") for cls in type(model).__mro__)
-
-
-def keep_only_trainable_in_state_dict(model: nn.Module) -> None:
-    """Checkpoint only what trains: frozen parameters leave ``state_dict()``, and come back
-    from the model itself on ``load_state_dict()`` (strict loading still checks the rest).
-
-    For LoRA: the frozen base is read from its ``model_dir`` on every start, so saving it at
-    every checkpoint would only cost time and disk.
-    """
-
-    def frozen(prefix: str) -> list[tuple[str, nn.Parameter]]:
-        named = model.named_parameters(remove_duplicate=False)  # tied weights: both keys
-        # checkpoint_wrapper's own hooks drop its prefix from the keys: drop it here too
-        return [
-            (prefix + name.replace("_checkpoint_wrapped_module.", ""), p)
-            for name, p in named
-            if not p.requires_grad
-        ]
-
-    def drop(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any) -> None:
-        for key, _p in frozen(prefix):
-            state.pop(key, None)
-
-    def refill(state: dict[str, Any], prefix: str, *_: Any) -> None:
-        for key, p in frozen(prefix):
-            state.setdefault(key, p.detach())
-
-    model.register_state_dict_post_hook(drop)
-    model.register_load_state_dict_pre_hook(lambda _m, state, prefix, *rest: refill(state, prefix))
-
-
-def _add_lora(model: nn.Module, settings: Mapping[str, Any]) -> nn.Module:
-    from peft import LoraConfig, get_peft_model
-
-    known = [f.name for f in dataclasses.fields(LoraConfig)]
-    for key in settings:
-        if key not in known:
-            import difflib
-
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise _error("lora", f"LoraConfig has no field '{key}'{hint}")
-    try:
-        config = LoraConfig(**{"task_type": "CAUSAL_LM", **settings})
-        peft_model = get_peft_model(model, config)
-    except (ValueError, TypeError) as err:
-        raise _error("lora", " ".join(str(err).split())) from None
-    keep_only_trainable_in_state_dict(peft_model)
-    return peft_model
-
-
-def _build_model(options: HFTaskOptions, config: Any) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model: Any
-    dtype = DTYPES[options.dtype]
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if options.attn_implementation is not None:
-        kwargs["attn_implementation"] = options.attn_implementation
-    on_meta = torch.empty(0).device.type == "meta"  # plan/preflight: the structure only
-    try:
-        if options.model_dir is not None and not on_meta:
-            model = AutoModelForCausalLM.from_pretrained(
-                options.model_dir, config=config, local_files_only=True, **kwargs
-            )
-        else:
-            model = AutoModelForCausalLM.from_config(config, **kwargs)
-    except (ValueError, OSError, ImportError) as err:
-        name = (
-            "attn_implementation"
-            if "attn" in str(err).lower()
-            else ("model_dir" if options.model_dir is not None else "config")
-        )
-        raise _error(name, " ".join(str(err).split())[:400]) from None
-    if options.lora is not None:
-        model = _add_lora(model, options.lora)
-    return model
 
 
 # --- what a checkpoint carries ----------------------------------------------------------------
@@ -473,8 +148,9 @@ def hf_task(options: Mapping[str, Any] | HFTaskOptions) -> Any:
     """The :class:`~gpu_training.tasks.Task` of ``task: hf``.
 
     Checks the options and reads the model's config now (no weights); ``build_model``
-    loads or initialises the model, ``build_data`` tokenizes the files once into the cache
-    (or reads it) and returns packed windows.
+    loads or initialises the model, ``build_data`` tokenizes ``train_files`` once into the
+    cache (or reads it) and returns packed windows, or returns ``stream`` as a
+    :class:`~gpu_training.streaming.SampleStream` tokenized on the fly.
 
     Args:
         options: :class:`HFTaskOptions` fields.
@@ -492,9 +168,11 @@ def hf_task(options: Mapping[str, Any] | HFTaskOptions) -> Any:
     context = int(getattr(config, "max_position_embeddings", 0) or 1024)
     block = opts.block_size or min(context, 1024)
     if block > context:
-        raise _error("block_size", f"{block} exceeds the model's context ({context} positions)")
+        raise option_error(
+            "block_size", f"{block} exceeds the model's context ({context} positions)"
+        )
     with meta_device():
-        shape: Any = _build_model(opts, config)
+        shape: Any = build_hf_model(opts, config)
     total, trainable = _count_params(shape)
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     hidden = int(getattr(config, "hidden_size", 0) or 0)
@@ -505,22 +183,32 @@ def hf_task(options: Mapping[str, Any] | HFTaskOptions) -> Any:
         f"{type(shape.get_base_model() if opts.lora else shape).__name__} from {source} "
         f"({layers} layers, width {hidden}, {total / 1e6:.2f}M parameters{lora})"
         + (f", {len(opts.train_files)} training file(s)" if opts.train_files else "")
+        + (f", training stream {opts.stream} ({opts.stream_reader})" if opts.stream else "")
         + f", windows of {block} tokens"
     )
     tokenizer_dir = opts.tokenizer_dir
 
     def build_model() -> nn.Module:
-        return _build_model(opts, config)
+        return build_hf_model(opts, config)
 
     def build_data() -> Any:
-        from gpu_training.tasks.hf_data import DataSpec, build_datasets
+        from gpu_training.tasks.hf_data import (
+            DataSpec,
+            PackedWindows,
+            build_datasets,
+            prepare_tokens,
+        )
+        from gpu_training.tasks.hf_stream import hf_stream
 
-        if not opts.train_files:
-            raise _error("train_files", "no training files: list .txt, .jsonl or .parquet files")
+        if not opts.train_files and opts.stream is None:
+            raise option_error(
+                "train_files",
+                "no training data: list .txt, .jsonl or .parquet files, or give a stream",
+            )
         tokenizer = load_tokenizer(opts)
         vocab = int(getattr(config, "vocab_size", 0) or 0)
         if vocab and len(tokenizer) > vocab:
-            raise _error(
+            raise option_error(
                 "tokenizer",
                 f"{tokenizer_dir}: {len(tokenizer)} tokens do not fit the model's vocab_size {vocab}",
             )
@@ -529,15 +217,23 @@ def hf_task(options: Mapping[str, Any] | HFTaskOptions) -> Any:
             "prompt_field": opts.prompt_field,
             "response_field": opts.response_field,
         }
-        train = DataSpec(tuple(Path(f) for f in opts.train_files), **fields)
+        cache_dir = Path(opts.cache_dir or _DEFAULT_CACHE).expanduser()
         val = DataSpec(tuple(Path(f) for f in opts.val_files), **fields) if opts.val_files else None
+        if opts.stream is not None:  # tokenized on the fly; validation only from val_files
+            reader, text = opts.stream_reader, opts.text_field
+            stream = hf_stream(opts.stream, tokenizer, block, reader=reader, text_field=text)
+            if val is None:
+                return stream, None
+            held = prepare_tokens(val, tokenizer, cache_dir, tokenizer_dir=tokenizer_dir)
+            return stream, PackedWindows(held, block)
+        train = DataSpec(tuple(Path(f) for f in opts.train_files), **fields)
         return build_datasets(
             train,
             val,
             tokenizer,
             block_size=block,
             val_fraction=float(opts.val_fraction),
-            cache_dir=Path(opts.cache_dir or _DEFAULT_CACHE).expanduser(),
+            cache_dir=cache_dir,
             tokenizer_dir=tokenizer_dir,
         )
 
@@ -555,6 +251,7 @@ def hf_task(options: Mapping[str, Any] | HFTaskOptions) -> Any:
         describe=describe,
         tokens_per_sample=block,
         flops_per_token=flops,
+        loader_workers=opts.stream_workers,
         checkpoint_extra=extra,
     )
 

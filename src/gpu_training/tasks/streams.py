@@ -37,7 +37,7 @@ from gpu_training.tasks.chardata import CharTokenizer
 from gpu_training.tasks.hf_files import file_kind
 from gpu_training.tasks.losses import IGNORE_INDEX
 
-__all__ = ["FileStream", "HFStream", "char_stream", "stream_files"]
+__all__ = ["FileStream", "HFStream", "char_stream", "open_stream", "stream_files"]
 
 _COUNT_CHUNK = 1 << 20
 
@@ -216,6 +216,24 @@ class _CharWindow:
         return inputs, targets
 
 
+def open_stream(
+    path: str, encode: Callable[[str], Any], *, reader: str, text_field: str
+) -> FileStream | HFStream:
+    """A task's training stream over ``path``: one sample per record, ``encode``-d on the fly.
+
+    Args:
+        path: A file or a directory of files (:func:`stream_files`).
+        encode: A record's text into a sample (picklable: DataLoader workers get a copy).
+        reader: ``files`` (:class:`FileStream`) or ``hf`` (:class:`HFStream`).
+        text_field: JSONL/Parquet: the field holding the text.
+
+    Raises:
+        ConfigError: If the path holds no data file (or ``hf`` lacks ``datasets``).
+    """
+    kind = HFStream if reader == "hf" else FileStream
+    return kind(stream_files(path), encode=encode, text_field=text_field)
+
+
 def char_stream(
     path: str, tokenizer: CharTokenizer, block_size: int, *, reader: str, text_field: str
 ) -> FileStream | HFStream:
@@ -231,7 +249,5 @@ def char_stream(
     Raises:
         ConfigError: If the path holds no data file.
     """
-    files = stream_files(path)
     encode = _CharWindow(tokenizer, block_size)
-    kind = HFStream if reader == "hf" else FileStream
-    return kind(files, encode=encode, text_field=text_field)
+    return open_stream(path, encode, reader=reader, text_field=text_field)
