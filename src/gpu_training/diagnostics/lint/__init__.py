@@ -15,8 +15,13 @@
 - :mod:`~gpu_training.diagnostics.lint.checks` — the walk of a file, with its context
   (:mod:`~gpu_training.diagnostics.lint.context`), the set-up rules
   (:mod:`~gpu_training.diagnostics.lint.setup`; where a loader's batches go,
-  :mod:`~gpu_training.diagnostics.lint.loaders`), the rank analysis
-  (:mod:`~gpu_training.diagnostics.lint.ranks`), the training-loop analysis
+  :mod:`~gpu_training.diagnostics.lint.loaders`; loaders built by a helper,
+  :mod:`~gpu_training.diagnostics.lint.helper_loaders`; inference-only wrappers,
+  :mod:`~gpu_training.diagnostics.lint.inference`; what a save helper writes,
+  :mod:`~gpu_training.diagnostics.lint.state_saves`), the rank analysis
+  (:mod:`~gpu_training.diagnostics.lint.ranks`; files only rank 0 writes through,
+  :mod:`~gpu_training.diagnostics.lint.handles`; Lightning's launch,
+  :mod:`~gpu_training.diagnostics.lint.lightning`), the training-loop analysis
   (:mod:`~gpu_training.diagnostics.lint.training_loop`), epoch loops and ``set_epoch``
   (:mod:`~gpu_training.diagnostics.lint.epochs`), the process group's teardown
   (:mod:`~gpu_training.diagnostics.lint.teardown`) and bf16 parameters under Adam

@@ -47,6 +47,7 @@ from gpu_training.diagnostics.lint.context import (
     Ctx,
     RawFinding,
     ends_program,
+    entry_context,
     names_node,
     none_tested,
     terminates,
@@ -67,6 +68,7 @@ from gpu_training.diagnostics.lint.guards import (
     single_process,
     single_rank,
 )
+from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.project import Project
@@ -82,7 +84,7 @@ from gpu_training.diagnostics.lint.ranks import (
 )
 from gpu_training.diagnostics.lint.setup import SetupRules
 from gpu_training.diagnostics.lint.summary import FuncRef
-from gpu_training.diagnostics.lint.teardown import missing_destroy
+from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
 from gpu_training.diagnostics.lint.training_loop import LoopAnalysis, is_no_sync
 
 __all__ = ["FileChecker"]
@@ -135,7 +137,9 @@ class FileChecker:
         )
         prefixes = ("torch.distributed.", "dist.") if bare_dist else ("torch.distributed.",)
         uses_dist = any(n.startswith(prefixes) for n in names)
-        self.distributed = self.dist_setup or uses_dist or self.framework is not None
+        self.launch = lightning_launch(facts)  # Lightning re-runs the script in every process
+        self.seeds: set[ast.AST] = set(self.launch.scopes)
+        self.distributed = self.dist_setup or uses_dist or bool(self.framework or self.seeds)
         prepares = any(
             isinstance(c.func, ast.Attribute) and c.func.attr in ("prepare", "setup")
             for c in self.all_calls
@@ -166,9 +170,10 @@ class FileChecker:
         self.log_level_guarded = logs_silenced_per_rank(self.all_calls, facts) or any(
             s.rank_logging for s in self.callee_summaries
         )
-        self.seeds: set[ast.AST] = set()
-        self.unset_sampler = unset_shuffling_sampler(self.all_calls, self.tails, self.imports)
-        self.ranks = RankAnalysis(facts, self.distributed)
+        self.unset_sampler = unset_shuffling_sampler(
+            self.all_calls, self.tails, self.imports, self.callee_summaries
+        )
+        self.ranks = RankAnalysis(facts, self.distributed, frozenset(self.seeds))
         self.training_loop = LoopAnalysis(facts)
         self.findings: set[RawFinding] = set()
         self.emit = False
@@ -244,8 +249,9 @@ class FileChecker:
         self.facts.assigned_under.clear()
         self.facts.guard_cache.clear()
         module = self.facts.module_scope
-        self._stmts(self.tree.body, Ctx(), module)
+        self._stmts(self.tree.body, Ctx(launcher=self.tree in self.launch.scopes), module)
         for func, ctx in entry.items():
+            ctx = replace(ctx, launcher=ctx.launcher or func in self.launch.scopes)
             self._stmts(func.body, ctx, self.facts.scope_of(func))
 
     def _entry_context(self, func: _Func) -> Ctx:
@@ -256,17 +262,7 @@ class FileChecker:
         sites = self.call_sites.get(func, []) + [
             c for c, _ in self.external_sites.get(id(func), [])
         ]
-        if not sites or func.name.startswith("__"):
-            return Ctx()
-        rank0 = all(s.rank0 for s in sites)
-        return Ctx(
-            rank0=rank0,
-            one_rank=not rank0 and all(s.rank0 or s.one_rank for s in sites),
-            rank_dep=all(s.rank_dep for s in sites),
-            launcher=all(s.launcher for s in sites),
-            local_only=rank0 and any(s.local_only for s in sites),
-            guard=next((s.guard for s in sites if s.guard), ""),
-        )
+        return Ctx() if func.name.startswith("__") else entry_context(sites)
 
     def add(self, node: ast.AST, code: str, detail: str = "") -> None:
         if self.emit:
@@ -280,6 +276,8 @@ class FileChecker:
         exits = ctx.exits or (branch and ends_program(stmts))
         for stmt in stmts:
             ctx = self._stmt(stmt, replace(ctx, per_rank_block=labelled, exits=exits), scope)
+            if id(stmt) in self.launch.fits:  # Lightning's other ranks start in fit(): all run on
+                ctx = replace(ctx, launcher=False)
 
     def _is_rank_print(self, stmt: ast.stmt) -> bool:
         return (
@@ -455,7 +453,7 @@ class FileChecker:
         return found
 
     def _call(self, call: ast.Call, ctx: Ctx, scope: Scope) -> None:
-        every_rank = scope.node in self.ranks.every_rank_scopes
+        every_rank = scope.node in self.ranks.every_rank_scopes and not ctx.launcher
         for callee_facts, func in self.facts.callees(call):
             if callee_facts is self.facts:
                 self.call_sites.setdefault(func, []).append(ctx)
@@ -465,7 +463,7 @@ class FileChecker:
             return
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
         self.setup.check(call, scope, one_process=ctx.guard == "one process")
-        if every_rank and not ctx.launcher:
+        if every_rank:
             self._rank_rules(call, ctx, scope)
         if ctx.guarded_here:  # under a caller's guard only: reported at the call instead
             collective = self.ranks.collective(call, scope)
@@ -481,7 +479,7 @@ class FileChecker:
         clips = last in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
         if clips and self.training_loop.clips_before_unscale(call, scope):
             self.add(call, "GT012", "the scaler's scale() comes first and no unscale_() before")
-        if self.has_wrapper and not ctx.no_sync:
+        if self.has_wrapper and not ctx.no_sync and ctx.guard != "one process":  # no all-reduce
             if ctx.loops:
                 self._accumulation(call, ctx, scope, method)
             elif method == "backward" and isinstance(scope.node, _Func):
@@ -558,7 +556,7 @@ class FileChecker:
 
     def _file_level(self) -> None:
         inits = [c for c in self.all_calls if tail(call_name(c, self.imports)) in _GROUP_INITS]
-        direct = [c for c in inits if tail(call_name(c, self.imports)) == "init_process_group"]
+        direct = [c for c in self.all_calls if creates_plain_group(c, self.facts)]
         pinned = (
             bool(self.tails & {"set_device", "set_device_index", "init_distributed"})
             or any(keyword_arg(c, "device_id") is not None for c in direct)

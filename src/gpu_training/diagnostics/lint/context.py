@@ -22,9 +22,20 @@ from dataclasses import dataclass
 from gpu_training.diagnostics.lint.calls import tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
-__all__ = ["Ctx", "RawFinding", "ends_program", "names_node", "none_tested", "terminates"]
+__all__ = [
+    "ONE_PROCESS",
+    "Ctx",
+    "RawFinding",
+    "ends_program",
+    "entry_context",
+    "names_node",
+    "none_tested",
+    "terminates",
+]
 
 _EXITS = frozenset({"exit", "_exit", "abort", "quit"})
+ONE_PROCESS = "one process"
+"""The guard of a branch that runs without a process group (``Ctx.guard``)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -56,6 +67,33 @@ class Ctx:
     launcher: bool = False  # after `if worker_mode: run_worker(); return`: the parent's code
     optional: frozenset[str] = frozenset()  # names an enclosing `if` tested against None
     loops: tuple[ast.stmt, ...] = ()
+
+
+def entry_context(sites: list[Ctx]) -> Ctx:
+    """The context a function's body starts in, from its call sites' contexts (none: the
+    default). Rank 0 only when every site is; one process only when every site is one (a
+    helper the DDP path also calls runs on every rank).
+
+    Example:
+        >>> one = Ctx(rank0=True, guard=ONE_PROCESS)
+        >>> entry_context([one, Ctx()]).guard, entry_context([one]).guard
+        ('', 'one process')
+    """
+    if not sites:
+        return Ctx()
+    rank0 = all(s.rank0 for s in sites)
+    if all(s.guard == ONE_PROCESS for s in sites):
+        guard = ONE_PROCESS
+    else:
+        guard = next((s.guard for s in sites if s.guard and s.guard != ONE_PROCESS), "")
+    return Ctx(
+        rank0=rank0,
+        one_rank=not rank0 and all(s.rank0 or s.one_rank for s in sites),
+        rank_dep=all(s.rank_dep for s in sites),
+        launcher=all(s.launcher for s in sites),
+        local_only=rank0 and any(s.local_only for s in sites),
+        guard=guard,
+    )
 
 
 def terminates(body: list[ast.stmt]) -> bool:

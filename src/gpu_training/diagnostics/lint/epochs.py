@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, tail
 from gpu_training.diagnostics.lint.loaders import trains_on_argument
@@ -30,11 +31,13 @@ from gpu_training.diagnostics.lint.model import (
     iter_scope_nodes,
 )
 from gpu_training.diagnostics.lint.setup import EVAL_NAME
+from gpu_training.diagnostics.lint.summary import Summary
 
 __all__ = [
     "hands_loader_on",
     "iterates_loader",
     "loops_without_set_epoch",
+    "shuffling_sampler",
     "unset_shuffling_sampler",
 ]
 
@@ -77,17 +80,30 @@ def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     return "loader" in tail(dotted(expr)).lower()
 
 
-def unset_shuffling_sampler(calls: list[ast.Call], tails: set[str], imports: Imports) -> bool:
-    """A distributed sampler of the file shuffles and nothing in it calls ``set_epoch`` (nor
-    the toolkit's ``train_one_epoch``): what a file hands on to the modules it imports, whose
-    epoch loops (``Trainer.__call__`` in ``train.py``) may run over its loader."""
-    shuffled = False
-    for call in calls:
-        last = tail(call_name(call, imports))
-        if last in ("DistributedSampler", "make_distributed_sampler", "GlobalBatchSampler"):
-            index = {"DistributedSampler": 3, "make_distributed_sampler": 2}.get(last, 99)
-            shuffled = shuffled or not is_const(call_arg(call, index, "shuffle"), False)
-    return shuffled and not tails & {"set_epoch", "train_one_epoch"}
+def unset_shuffling_sampler(
+    calls: list[ast.Call],
+    tails: set[str],
+    imports: Imports,
+    summaries: Sequence[Summary] = (),
+) -> bool:
+    """A distributed sampler of the file, or of a function of the project it calls (a
+    ``get_train_loader()`` in ``data/``), shuffles, and nothing calls ``set_epoch`` (nor the
+    toolkit's ``train_one_epoch``), in the file or in those functions: what a file hands
+    on to the modules it imports, whose epoch loops (``Trainer.__call__`` in ``train.py``)
+    may run over its loader."""
+    shuffled = any(shuffling_sampler(call, imports) for call in calls)
+    shuffled = shuffled or any(s.shuffles_sampler for s in summaries)
+    unset = not tails & {"set_epoch", "train_one_epoch"}
+    return shuffled and unset and not any(s.sets_epoch for s in summaries)
+
+
+def shuffling_sampler(call: ast.Call, imports: Imports) -> bool:
+    """``DistributedSampler(dataset)`` (``shuffle`` not ``False``) or the toolkit's own."""
+    last = tail(call_name(call, imports))
+    if last not in ("DistributedSampler", "make_distributed_sampler", "GlobalBatchSampler"):
+        return False
+    index = {"DistributedSampler": 3, "make_distributed_sampler": 2}.get(last, 99)
+    return not is_const(call_arg(call, index, "shuffle"), False)
 
 
 def loops_without_set_epoch(

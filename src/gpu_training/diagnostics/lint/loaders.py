@@ -88,12 +88,29 @@ def trains_on_argument(
     params = _params(func, call)
     bound = [params[i] for i, a in enumerate(call.args) if i < len(params)]
     bound += [k.arg for k in call.keywords if k.arg is not None]
+    bound += _wrapped(owner, func, bound)
     uses = _uses(owner, owner.scope_of(func))
     return any(
         what == "loop" and _trains(owner, node)
         for name in bound
         for what, node in uses.get(name, [])
     )
+
+
+def _wrapped(owner: ModuleFacts, func: ast.AST, names: list[str]) -> list[str]:
+    """Names bound to a call given one of ``names`` first: ``bar = dist_tqdm(loader)`` (a
+    progress bar, a prefetcher) yields the loader's batches when it is looped over."""
+    return [
+        node.targets[0].id
+        for node in owner.scope_nodes.get(func, [])
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Call)
+        and node.value.args
+        and isinstance(node.value.args[0], ast.Name)
+        and node.value.args[0].id in names
+    ]
 
 
 def _use_trains(

@@ -525,7 +525,7 @@ class ModuleFacts:
             return frozenset({"scheduler"})
         if name.startswith("torch.optim.") and tail[:1].isupper():
             return frozenset({"optimizer"})
-        if name in ("torch.compile",) and call.args:
+        if name in ("torch.compile", "copy.deepcopy") and call.args:  # still the wrapper
             return self.kinds(call.args[0], scope, depth + 1)
         if isinstance(call.func, ast.Attribute) and call.func.attr in _PASSTHROUGH_METHODS:
             return self.kinds(call.func.value, scope, depth + 1)

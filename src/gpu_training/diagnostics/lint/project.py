@@ -35,6 +35,7 @@ from pathlib import Path
 
 from gpu_training.diagnostics.lint.calls import tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS, direct_collective
+from gpu_training.diagnostics.lint.epochs import shuffling_sampler
 from gpu_training.diagnostics.lint.guards import (
     GUARD_RANK0,
     classify_guard,
@@ -44,12 +45,14 @@ from gpu_training.diagnostics.lint.guards import (
     single_process,
     uncached,
 )
+from gpu_training.diagnostics.lint.helper_loaders import returns_unsharded_loader
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
     Scope,
     call_name,
     dotted,
 )
+from gpu_training.diagnostics.lint.state_saves import saved_state_parameters
 from gpu_training.diagnostics.lint.summary import FuncRef, Summary
 
 __all__ = [
@@ -330,6 +333,16 @@ class Project:
         return result
 
 
+_INHERITED_FLAGS = (
+    "silences_print",
+    "destroys_group",
+    "sets_device",
+    "trains",
+    "shuffles_sampler",
+    "sets_epoch",
+)
+
+
 def _summarise(project: Project, facts: ModuleFacts, func: ast.AST) -> Summary:
     assert isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
     scope = facts.scope_of(func)
@@ -363,6 +376,7 @@ def _summarise(project: Project, facts: ModuleFacts, func: ast.AST) -> Summary:
     kinds: frozenset[str] = frozenset()
     for value in returns:
         kinds |= facts.kinds(value, scope)
+    flags = replace(flags, unsharded_loader=returns_unsharded_loader(facts, func))
     if flags.rank_logging and "logger" in kinds:
         kinds |= {"rank_logger"}
     return replace(flags, returns=kinds)
@@ -387,6 +401,13 @@ def _merge_call(
         saved = _saved_parameter(call, scope)
         if saved is not None:
             changes["saves_argument"] = saved
+    if shuffling_sampler(call, facts.imports):
+        changes["shuffles_sampler"] = True
+    if last in ("set_epoch", "train_one_epoch"):
+        changes["sets_epoch"] = True
+    if name == "torch.save":
+        saved_states = saved_state_parameters(facts, call, scope)
+        changes["saves_state_of"] = tuple(sorted({*flags.saves_state_of, *saved_states}))
     receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
     if method in ("backward", "zero_grad") or (
         method == "step" and "optim" in tail(dotted(receiver) if receiver else None).lower()
@@ -412,7 +433,7 @@ def _merge_call(
             changes["collective"] = f"{direct} ({here}:{call.lineno})"
     for ref in project.callees(facts, call.func):
         inner = project.summary(ref)
-        for field in ("silences_print", "destroys_group", "sets_device", "trains"):
+        for field in _INHERITED_FLAGS:
             if getattr(inner, field):
                 changes[field] = True
         if inner.distributed or inner.creates_group:

@@ -38,6 +38,7 @@ from gpu_training.diagnostics.lint.collectives import (
     switched_off,
 )
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
+from gpu_training.diagnostics.lint.handles import appended_by_rank0_only
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
     Scope,
@@ -406,7 +407,7 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         mode = call_arg(call, 1, "mode")
         text = mode.value if isinstance(mode, ast.Constant) else None
         if isinstance(text, str) and set(text) & set("wax+"):
-            path = call_arg(call, 0, "file")
+            path = None if appended_by_rank0_only(facts, call, scope) else call_arg(call, 0, "file")
     elif method in ("write_text", "write_bytes"):
         assert isinstance(call.func, ast.Attribute)
         path, what = call.func.value, method

@@ -31,8 +31,11 @@ import re
 from collections.abc import Callable
 
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.helper_loaders import always_none
+from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.state_saves import unwrapped_branches
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 
@@ -105,21 +108,26 @@ class SetupRules:
         last = tail(name)
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
         is_dp = last == "DataParallel" and (name == last or "torch" in name or "nn." in name)
-        if is_dp and not self._evaluates_only():
+        if is_dp and not self._evaluates_only() and not infers_only(self.facts, call, scope):
             self.report(call, "GT001", "one process, one thread per GPU")
         if last == "DataLoader":
             self._data_loader(call, scope, one_process)
+        elif self.dist_setup and not one_process:
+            self._helper_loader(call, scope)
         if name == "torch.save" or last == "save_file":
             self._saved_wrapper(call, scope)
         else:
             for summary in self.facts.summaries(call):  # save_checkpoint({...}, filename)
+                for state in summary.saves_state_of:  # save_model(net): net.state_dict() saved
+                    if state < len(call.args):
+                        self._saved_helper_state(call.args[state], summary.where, scope)
                 index = summary.saves_argument
                 if index is not None and index < len(call.args):
                     self._saved_object(call.args[index], scope)
                     break
         if self.data_parallel:
             self._optimizer_lr(call, name, last, scope)
-        if self.distributed:
+        if self.distributed and not one_process:  # a one-process path picks its own GPU
             self._cuda_device(call, last, method)
             self._device_from_rank(call, name, last, method, scope)
 
@@ -140,7 +148,8 @@ class SetupRules:
         batch_sampler = call_arg(call, 4, "batch_sampler")
         given = [s for s in (sampler, batch_sampler) if s is not None and not is_const(s, None)]
         shuffle = call_arg(call, 2, "shuffle")
-        if given and is_const(shuffle, True):
+        # `sampler = None; DataLoader(..., shuffle=True, sampler=sampler)` is valid
+        if is_const(shuffle, True) and any(not always_none(self.facts, s, scope) for s in given):
             assert shuffle is not None
             self.report(shuffle, "GT004", "shuffle=True and a sampler")
         if not self.dist_setup or one_process or self._is_eval_loader(call):
@@ -161,6 +170,21 @@ class SetupRules:
                 self.report(expr, "GT003", f"sampler {what} is a local sampler on every path")
         if not given and not self._dataset_shards_itself(call, scope):
             self.report(call, "GT003", "no sampler= nor batch_sampler= in a distributed script")
+
+    def _helper_loader(self, call: ast.Call, scope: Scope) -> None:
+        """``GT003`` at a call of a project function that returns a loader with no sampler
+        (``data_loader = create_dataloader(path, ...)``), when training reads it here."""
+        helpers = [  # another module's: this file's own loaders are judged where they are built
+            self.facts.resolver.summary(ref)
+            for ref in self.facts.callees(call)
+            if ref[0] is not self.facts and self.facts.resolver is not None
+        ]
+        helper = next((s.where for s in helpers if s.unsharded_loader), None)
+        if helper is None or self._is_eval_loader(call):
+            return
+        target = self._assign_target(call)
+        if feeds_training(self.facts, call, scope, target, file_trains=self.trains):
+            self.report(call, "GT003", f"{helper} builds its DataLoader with no sampler")
 
     def _alternative_of_sharded(self, call: ast.Call, scope: Scope) -> bool:
         """The name this loader is bound to is bound on another path to a loader with a
@@ -252,7 +276,7 @@ class SetupRules:
             lookup = self.facts.lookup(obj.id, scope, node_start(obj))
             exprs += [v for v in lookup if v is not None]
         for expr in exprs:
-            unwrapped = _unwrapped_branches(expr)
+            unwrapped = unwrapped_branches(expr)
             for node in ast.walk(expr):
                 if (
                     id(node) not in unwrapped
@@ -263,6 +287,11 @@ class SetupRules:
                 ):
                     wrapper = ast.unparse(node.func.value)
                     self.report(node, "GT006", f"{wrapper} is the DDP wrapper")
+
+    def _saved_helper_state(self, arg: ast.expr, helper: str, scope: Scope) -> None:
+        if not isinstance(arg, ast.Starred) and self._is_wrapper(arg, scope):
+            detail = f"{helper} saves {ast.unparse(arg)}.state_dict(): the DDP wrapper"
+            self.report(arg, "GT006", detail)
 
     def _is_wrapper(self, expr: ast.expr, scope: Scope) -> bool:
         """The DDP (or DataParallel) wrapper: by its last binding, or by any binding of the
@@ -301,8 +330,12 @@ class SetupRules:
         if method == "cuda" and not call.args and not call.keywords:
             self.default_cuda.append((call, ".cuda()"))
         candidates: list[ast.expr] = []
+        if last == "device" and len(call.args) == 2 and not isinstance(call.args[1], ast.Constant):
+            return  # torch.device("cuda", local_rank): an index per rank, as set_device gives
         if (method or last) in ("device", "to", "load", "cuda"):
-            candidates += [a for a in call.args if isinstance(a, ast.Constant)]
+            for arg in call.args:  # `torch.device("cuda" if torch.cuda.is_available() else "cpu")`
+                branches = [arg.body, arg.orelse] if isinstance(arg, ast.IfExp) else [arg]
+                candidates += [b for b in branches if isinstance(b, ast.Constant)]
         candidates += [
             k.value for k in call.keywords if k.arg in ("device", "map_location", "device_type")
         ]
@@ -340,27 +373,6 @@ class SetupRules:
             evidence = global_rank_source(self.facts, index, scope)
             if evidence is not None:
                 self.report(index, "GT018", evidence)
-
-
-def _unwrapped_branches(expr: ast.AST) -> set[int]:
-    """The nodes of the branch of ``m.module.state_dict() if hasattr(m, "module") else
-    m.state_dict()`` that runs only when ``m`` has no ``.module``: not a wrapper there."""
-    found: set[int] = set()
-    for node in ast.walk(expr):
-        if not isinstance(node, ast.IfExp):
-            continue
-        test, negated = node.test, False
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            test, negated = test.operand, True
-        if (
-            isinstance(test, ast.Call)
-            and dotted(test.func) == "hasattr"
-            and len(test.args) == 2
-            and isinstance(test.args[1], ast.Constant)
-            and test.args[1].value == "module"
-        ):
-            found |= {id(n) for n in ast.walk(node.body if negated else node.orelse)}
-    return found
 
 
 def global_rank_source(

@@ -48,6 +48,13 @@ class Summary:
         collective: The collective it runs, as reported (``all_reduce (x.py:12)``).
         saves_argument: The position of the argument it hands to ``torch.save`` (``def
             save_checkpoint(state, filename): torch.save(state, filename)`` → 0), if any.
+        saves_state_of: The positions of the parameters whose ``state_dict()`` it hands to
+            ``torch.save`` (``def save_model(net, path): torch.save({"model":
+            net.state_dict()}, path)`` → ``(0,)``).
+        unsharded_loader: It returns a ``DataLoader`` it builds with no sampler (and builds
+            no distributed sampler).
+        shuffles_sampler: It builds a shuffling distributed sampler.
+        sets_epoch: It calls ``set_epoch`` (or the toolkit's ``train_one_epoch``).
         trains: It runs a training step (``backward()``, ``zero_grad()``, ``optimizer.step()``).
         distributed: It uses ``torch.distributed`` or sets up distributed training.
         returns: The kinds of what it returns (``dist_sampler``, ``rank_logger``…).
@@ -66,6 +73,10 @@ class Summary:
     collective: str | None = None
     trains: bool = False
     saves_argument: int | None = None
+    saves_state_of: tuple[int, ...] = ()
+    unsharded_loader: bool = False
+    shuffles_sampler: bool = False
+    sets_epoch: bool = False
     distributed: bool = False
     returns: frozenset[str] = frozenset()
 

@@ -30,7 +30,7 @@ from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
 from gpu_training.diagnostics.lint.ranks import RankAnalysis
 from gpu_training.diagnostics.lint.summary import Summary
 
-__all__ = ["missing_destroy", "reached_from_module"]
+__all__ = ["creates_plain_group", "missing_destroy", "reached_from_module"]
 
 _MADE = ("init_process_group", "init_distributed")
 
@@ -134,3 +134,14 @@ def reached_from_module(facts: ModuleFacts, helper_module: bool = False) -> set[
                 reached.add(callee)
                 todo.append(callee)
     return reached
+
+
+def creates_plain_group(call: ast.Call, facts: ModuleFacts) -> bool:
+    """``init_process_group(...)``, or a function of the project that calls it (an
+    ``AdvancedTrainer(model, ...)`` whose ``__init__`` creates the group): a group that
+    pins no device (``deepspeed.init_distributed`` and the toolkit's own do)."""
+    if tail(call_name(call, facts.imports)) == "init_process_group":
+        return True
+    return any(
+        (s.creates_group or "").startswith("init_process_group (") for s in facts.summaries(call)
+    )

@@ -1,0 +1,100 @@
+"""Which ``state_dict()`` a save writes: for ``GT006`` through a helper of the project.
+
+``GT006`` reports the DDP wrapper's ``state_dict()`` saved with ``module.`` key prefixes.
+The save is often one hop away: ``save_model(net, optimizer, epoch, path)`` builds
+``{"model": net.state_dict(), ...}`` and calls ``torch.save``. A helper's summary records
+the parameter whose ``state_dict()`` reaches ``torch.save`` (in the saved expression, or
+through local names bound to it: ``sd = net.state_dict(); state = {"model": sd}``), and the
+caller reports the call that hands it the wrapper. The branch of ``m.module.state_dict() if
+hasattr(m, "module") else m.state_dict()`` that runs without ``.module`` does not count.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> src = ("def save_model(net, opt, path):\\n    sd = net.state_dict()\\n"
+    ...        "    torch.save({'model': sd, 'opt': opt.state_dict()}, path)\\n")
+    >>> tree = ast.parse(src)
+    >>> facts = ModuleFacts(tree)
+    >>> func = tree.body[0]
+    >>> saved_state_parameters(facts, func.body[1].value, facts.scope_of(func))
+    (0, 1)
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import call_arg, node_start
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
+
+__all__ = ["saved_state_parameters", "unwrapped_branches"]
+
+_MAX_HOPS = 3  # local names followed from the saved expression
+
+
+def saved_state_parameters(facts: ModuleFacts, save: ast.Call, scope: Scope) -> tuple[int, ...]:
+    """The positions of the parameters whose ``state_dict()`` a ``torch.save`` writes.
+
+    Args:
+        facts: The module's facts.
+        save: The ``torch.save(...)`` call.
+        scope: The function it is in.
+
+    Returns:
+        The parameters' positions (``self``/``cls`` not counted), in order; empty when no
+        parameter's ``state_dict()`` reaches the save, or the scope is not a function.
+    """
+    func = scope.node
+    obj = call_arg(save, 0, "obj")
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or obj is None:
+        return ()
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    skip = 1 if params and params[0] in ("self", "cls") else 0
+    exprs: list[ast.AST] = [obj]
+    seen: set[int] = set()
+    for _ in range(_MAX_HOPS):  # state = {"model": sd}; sd = net.state_dict()
+        names = [
+            n
+            for e in exprs
+            for n in ast.walk(e)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in seen
+        ]
+        seen |= {id(n) for n in names}
+        for name in names:
+            if name.id not in params:
+                exprs += [v for v in facts.lookup(name.id, scope, node_start(name)) if v]
+    found: set[int] = set()
+    for expr in exprs:
+        unwrapped = unwrapped_branches(expr)
+        for node in ast.walk(expr):
+            if (
+                id(node) not in unwrapped
+                and isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "state_dict"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in params[skip:]
+            ):
+                found.add(params.index(node.func.value.id) - skip)
+    return tuple(sorted(found))
+
+
+def unwrapped_branches(expr: ast.AST) -> set[int]:
+    """The nodes of the branch of ``m.module.state_dict() if hasattr(m, "module") else
+    m.state_dict()`` that runs only when ``m`` has no ``.module``: not a wrapper there."""
+    found: set[int] = set()
+    for node in ast.walk(expr):
+        if not isinstance(node, ast.IfExp):
+            continue
+        test, negated = node.test, False
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, negated = test.operand, True
+        if (
+            isinstance(test, ast.Call)
+            and dotted(test.func) == "hasattr"
+            and len(test.args) == 2
+            and isinstance(test.args[1], ast.Constant)
+            and test.args[1].value == "module"
+        ):
+            found |= {id(n) for n in ast.walk(node.body if negated else node.orelse)}
+    return found
