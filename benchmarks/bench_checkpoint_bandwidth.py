@@ -15,6 +15,13 @@ One run measures, on the same disk and in the same minutes:
 - a **resharding load**: the last checkpoint written on ``--nproc`` ranks loaded on
   ``--reshard-nproc`` ranks (FSDP2), timed the same way.
 
+Before every timed side, the disk's and the toolkit's alike, rank 0 puts free memory in the
+same state (``--memory``, :func:`settle_memory`): on this VM a page-cache page costs many
+times more kernel CPU on memory freed seconds ago than on memory freed just now (figures in
+benchmarks/README.md), and which one a side met used to depend on the untimed steps before
+it (the saves, after a pause, met the former; the baseline write, after a cache drop, the
+latter).
+
 Rounds interleave the baseline and the toolkit. ``% disk`` is the median over rounds of the
 toolkit's bandwidth over the disk's measured beside it in the same round (write against write,
 read against read), so that other jobs' load drifting between rounds cancels; ``fastest`` is
@@ -23,7 +30,8 @@ the fastest toolkit run against the fastest disk run (closest to an idle machine
 Usage::
 
     python benchmarks/bench_checkpoint_bandwidth.py [--params 84e6] [--nproc 4]
-        [--strategies fsdp,ddp] [--rounds 3] [--dir DIR] [--json PATH]
+        [--strategies fsdp,ddp] [--rounds 3] [--memory warm|cold|as-is] [--dir DIR]
+        [--json PATH]
 
 The disk baseline is what a file system of this machine gives one writer; a VM disk may
 still be cached by its host below the guest's page cache, which no guest can drop.
@@ -50,6 +58,7 @@ sys.path.insert(0, str(ROOT / "src"))  # runs from a checkout without an install
 
 GOAL = 0.70  # of the disk's own sequential bandwidth, write and read
 BLOCK = 16 << 20
+COLD_PAUSE_S = 10.0  # long enough for freed memory to be taken back (README: it is)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,6 +100,28 @@ def disk_read(path: Path) -> float:
     return time.perf_counter() - begun
 
 
+def settle_memory(root: Path, size: int, memory: str) -> None:
+    """Puts the page cache's free memory in the same state before every timed side.
+
+    On this kind of VM, page-cache pages cost many times more kernel CPU when the memory was
+    freed seconds earlier than when it was freed just now (the host takes idle memory back,
+    it seems); which state a timed write or read met depended on the untimed steps before it.
+    ``warm``: a scratch file of ``size`` bytes is written (never synced: no I/O) and removed
+    just before, so every side, the disk's and the toolkit's, starts on just-freed memory.
+    ``cold``: a pause, so every side starts on memory taken back. ``as-is``: neither (the
+    script before this option).
+    """
+    if memory == "warm":
+        scratch = root / "warm-up.bin"
+        block = bytes(BLOCK)
+        with open(scratch, "wb", buffering=0) as f:
+            for _ in range(-(-size // BLOCK)):
+                f.write(block)
+        scratch.unlink()  # dirty pages of an unlinked file are dropped, never written
+    elif memory == "cold":
+        time.sleep(COLD_PAUSE_S)
+
+
 def dir_bytes(path: Path) -> int:
     """Bytes of every file under ``path``."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
@@ -109,11 +140,16 @@ def _model(params: int) -> Any:
     return nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
 
 
-def _timed(ctx: Any, fn: Any) -> float:
-    """``fn()`` on every rank between two barriers; the slowest rank's seconds, on every rank."""
+def _timed(ctx: Any, fn: Any, settle: Any = None) -> float:
+    """``fn()`` on every rank between two barriers; the slowest rank's seconds, on every rank.
+
+    ``settle()``, if given, runs on rank 0 first (untimed; see :func:`settle_memory`).
+    """
     import torch
     import torch.distributed as dist
 
+    if settle is not None and ctx.is_main_process:
+        settle()
     dist.barrier()
     begun = time.perf_counter()
     fn()
@@ -148,6 +184,10 @@ def worker(args: argparse.Namespace) -> None:
     out["baseline_read"] = []
     root = Path(args.ckpt_dir)
     probe = root / "dd-probe.bin"
+
+    def settle() -> None:  # rank 0, before every timed side: the disk's and the toolkit's
+        settle_memory(root, out["bytes"], args.memory)
+
     if args.load_step is not None:  # the resharding job: loads what the other job wrote
         step_dir = root / f"step-{args.load_step:08d}"
         if ctx.is_main_process:
@@ -156,9 +196,11 @@ def worker(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             if ctx.is_main_process:  # its own read baseline, beside each load
                 drop_cache(probe)
+                settle()
                 out["baseline_read"].append(disk_read(probe))
                 drop_cache(step_dir)
-            out["load"].append(_timed(ctx, lambda: run.load_checkpoint(ckpt, args.load_step)))
+            load = lambda: run.load_checkpoint(ckpt, args.load_step)  # noqa: E731
+            out["load"].append(_timed(ctx, load, settle))
     else:
         # The process's first save pays one-off set-up (DeepSpeed's and DCP's first save
         # build their planners and engines: ~2 s here, against ~0.5 s for every later one):
@@ -166,6 +208,7 @@ def worker(args: argparse.Namespace) -> None:
         run_state = capture_run_state(ctx, step=0)
         out["first_save"] = _timed(ctx, lambda: run.save_checkpoint(ckpt, run_state))
         if ctx.is_main_process:
+            out["bytes"] = dir_bytes(root / f"step-{0:08d}")  # what each settle() frees
             shutil.rmtree(root / f"step-{0:08d}")
             os.sync()
         for i in range(args.rounds):
@@ -175,19 +218,22 @@ def worker(args: argparse.Namespace) -> None:
                 os.sync()
             run_state = capture_run_state(ctx, step=step)  # untimed: the Trainer's, too
             out["save"].append(
-                _timed(ctx, lambda: run.save_checkpoint(ckpt, run_state))  # noqa: B023
+                _timed(ctx, lambda: run.save_checkpoint(ckpt, run_state), settle)  # noqa: B023
             )
             step_dir = root / f"step-{step:08d}"
             if ctx.is_main_process:
                 out["bytes"] = dir_bytes(step_dir)
                 drop_cache(step_dir)
                 # the baseline, same size, between the toolkit's write and read (others wait)
+                settle()
                 out["baseline_write"].append(disk_write(probe, out["bytes"]))
                 drop_cache(probe)
+                settle()
                 out["baseline_read"].append(disk_read(probe))
                 probe.unlink()
                 os.sync()
-            out["load"].append(_timed(ctx, lambda: run.load_checkpoint(ckpt, step)))  # noqa: B023
+            load = lambda: run.load_checkpoint(ckpt, step)  # noqa: B023, E731
+            out["load"].append(_timed(ctx, load, settle))
     if ctx.is_main_process:
         probe.unlink(missing_ok=True)
         Path(args.result).write_text(json.dumps(out))
@@ -207,7 +253,7 @@ def measure(strategy: str, args: argparse.Namespace, work: Path, reshard: bool) 
     ckpt_dir = work / strategy
     result = work / f"{strategy}.json"
     common = ["--params", str(args.params), "--rounds", str(args.rounds)]
-    common += ["--ckpt-dir", str(ckpt_dir), "--result", str(result)]
+    common += ["--ckpt-dir", str(ckpt_dir), "--result", str(result), "--memory", args.memory]
     _torchrun(args.nproc, ["--strategy", strategy, *common], args.timeout)
     out: dict[str, Any] = json.loads(result.read_text())
     if reshard:
@@ -293,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (same disk)")
     parser.add_argument(
+        "--memory",
+        choices=("warm", "cold", "as-is"),
+        default="warm",
+        help="free memory's state before every timed side (settle_memory)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=ROOT / "benchmarks/results/checkpoint_bandwidth.json"
     )
     # the torchrun job's own arguments
@@ -324,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.params / 1e6:.0f} M fp32 parameters + AdamW moments; fs under {base}; "
         f"torch {torch.__version__}; {os.cpu_count()} CPUs; "
-        f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}; {args.rounds} rounds, medians"
+        f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}; "
+        f"{args.rounds} rounds, medians; memory {args.memory}"
     )
     doc = report(results, args)
     doc.update(
@@ -339,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_average_1min": [round(load_before[0], 2), round(load_after[0], 2)],
             },
             "params": args.params,
+            "memory": args.memory,
             "nproc": args.nproc,
             "reshard_nproc": args.reshard_nproc,
             "raw": results,

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 from dist_harness import run_ranks
+from gpu_training import data as data_module
 from gpu_training.amp import MixedPrecisionTrainer
 from gpu_training.data import GlobalBatchSampler, SamplerConfigError, global_batch_plan
 from gpu_training.ddp import (
@@ -89,6 +90,27 @@ def test_global_steps_are_identical_for_every_split(shuffle: bool) -> None:
     assert set(seen) <= set(range(n))
     if not shuffle:  # dataset order, cut into global batches, the tail of 6 dropped
         assert seen == list(range(64))
+
+
+@pytest.mark.parametrize("rows", [1, 40, 1 << 16])  # a chunk of 1 step, 2 steps, the epoch
+def test_chunked_index_lists_give_the_same_micro_batches(
+    monkeypatch: pytest.MonkeyPatch, rows: int
+) -> None:
+    # The sampler turns its permutation into lists a chunk of steps at a time: any chunk
+    # size, any world size, any resume position yields the micro-batches of one whole list.
+    def batches(world: int, per_device: int, start: int) -> list[list[list[int]]]:
+        out = []
+        for s in _samplers(150, 16, per_device, world, seed=7):
+            s.set_epoch(2)
+            s.set_position(start)
+            out.append(list(s))
+        return out
+
+    reference = {(w, b, p): batches(w, b, p) for w, b in [(1, 4), (2, 8), (4, 2)] for p in (0, 3)}
+    monkeypatch.setattr(data_module, "_ROWS_PER_CHUNK", rows)
+    for (world, per_device, start), expected in reference.items():
+        assert batches(world, per_device, start) == expected, (world, per_device, start, rows)
+    assert len(reference[(1, 4, 3)][0]) == (150 // 16 - 3) * 4  # resumed: the rest of the epoch
 
 
 def test_rank_layout_is_rank_major() -> None:

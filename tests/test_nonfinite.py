@@ -10,6 +10,7 @@ replica's weights.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from pathlib import Path
@@ -19,11 +20,13 @@ import pytest
 import torch
 import yaml
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dist_harness import REPO_ROOT, TESTS_DIR, run_python
 from gpu_training.amp import MixedPrecisionStepper, NonFiniteError, NonFiniteStep
 from gpu_training.config import ConfigError
 from gpu_training.job import JobConfig
+from gpu_training.nonfinite_guard import NonFiniteGuard
 
 # --- the stepper, in one process ----------------------------------------------------------------
 
@@ -104,6 +107,33 @@ def test_without_the_guard_the_nan_reaches_the_weights() -> None:
     _step(stepper, model, poison=math.nan)
     assert stepper.last_nonfinite is None and not stepper.last_step_skipped
     assert not torch.isfinite(model.state_dict()["0.weight"]).all()
+
+
+def test_the_flag_is_zeroed_only_after_a_step_that_set_it() -> None:
+    """A finite check leaves the flag at 0.0 (read on the host): the next check skips zero_."""
+    guard = NonFiniteGuard()
+    good, bad = [torch.ones(3), torch.ones(2)], [torch.ones(3), torch.tensor([1.0, math.nan])]
+    inf = [torch.tensor([math.inf]), torch.ones(2)]
+    order = [good, good, bad, good, inf, bad, good, good]
+    zeros = []
+    for grads in order:
+        with _CountOps() as ops:
+            flagged = guard.nonfinite_now(None, grads)
+        assert flagged == (grads is not good)  # a flag left set would flag the next good step
+        zeros.append(ops.count["aten.zero_.default"])
+    assert zeros == [1, 0, 0, 1, 0, 1, 1, 0]  # first use, then only after a set flag
+    assert guard.nonfinite_now(None, bad) and not guard.nonfinite_now(None, [])
+    assert not guard.nonfinite_now(None, good)  # a step without gradients marks nothing zeroed
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count[str(func)] += 1
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("clip", [None, 1.0])

@@ -450,7 +450,7 @@ class MixedPrecisionStepper:
             if not self._scaler.is_enabled() and defers_on_device(self.optimizer, grads):
                 found_inf = guard.defer(value, grads, owners)
             else:
-                nonfinite = bool(guard.flags_now(value, grads, owners))
+                nonfinite = guard.nonfinite_now(value, grads, owners)
                 if nonfinite:  # every rank is here: the flag is the same everywhere
                     index = first_nonfinite(names()) if names is not None else -1
                     self.last_nonfinite = self._diagnose(guard.take_losses_bad(), index, names)

@@ -101,6 +101,10 @@ def global_batch_plan(global_batch_size: int, per_device_batch_size: int, world_
     return exact_accumulation_steps(g, b, w, error=SamplerConfigError)
 
 
+_ROWS_PER_CHUNK = 1 << 16
+"""Sample indexes turned into a Python list at once (whole global batches; at least one)."""
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     """A 64-bit generator seed from (seed, epoch), via splitmix64.
 
@@ -350,10 +354,18 @@ class GlobalBatchSampler(Sampler[list[int]]):
         g, b, accum = self._global_batch_size, self._per_device_batch_size, self._accum
         steps = self.steps_per_epoch
         rank_offset = self.rank * accum * b
+        span = max(1, _ROWS_PER_CHUNK // g)  # steps per chunk
+        rows: list[int] = []
+        base = 0
         for step in range(start, steps):
-            first = step * g + rank_offset
+            if (step - start) % span == 0:
+                # A chunk of steps as a list at once: a micro-batch is then a list slice, not
+                # a tensor op and a tolist per micro-batch (it shows on small steps).
+                base = step * g
+                rows = perm[base : base + span * g].tolist()
+            first = step * g + rank_offset - base
             for micro in range(accum):
-                batch = perm[first + micro * b : first + (micro + 1) * b].tolist()
+                batch = rows[first + micro * b : first + (micro + 1) * b]
                 if micro == accum - 1 and iteration == self._iteration:
                     # Count the step before yielding its last micro-batch: the caller saves
                     # after training on it, without fetching another batch first.

@@ -87,6 +87,8 @@ class NonFiniteGuard:
         self._groups: list[list[int]] = []
         # per (device, dtype): the found flag and the 1.0 the check "unscales" by, reused
         self._found: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._zeroed: set[tuple[torch.device, torch.dtype]] = set()  # flags read as 0.0 since
+        self._used: list[tuple[torch.device, torch.dtype]] = []  # the last call's flags
         self.pending: DeferredFlags | None = None
         """The last step's flags when they were left on the device (read at the next step)."""
 
@@ -124,6 +126,7 @@ class NonFiniteGuard:
         pass per device and dtype (the op a loss scaler uses to find an overflow);
         ``owners``: their parameters (the grouping by device and dtype is cached on them).
         """
+        self._used = []  # before any return: only this call's flags may be marked zeroed
         if norm is not None:
             full = getattr(norm, "full_tensor", None)  # FSDP2: a replicated DTensor
             value = full() if callable(full) else norm
@@ -137,13 +140,30 @@ class NonFiniteGuard:
             if key not in self._found:
                 self._found[key] = (torch.zeros((), device=key[0]), torch.ones((), device=key[0]))
             found, one = self._found[key]
-            found.zero_()
+            if key in self._zeroed:  # read as 0.0 and not written since: no op to zero it
+                self._zeroed.discard(key)
+            else:
+                found.zero_()
+            self._used.append(key)
             # Multiplies by 1.0 (a no-op on the values) and sets found when any is NaN/Inf.
             torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
             founds.append(found)
         if len(founds) == 1:
             return founds[0]  # 1.0 or 0.0: its truth is the flag (one op less than a > 0)
         return torch.stack([f.to(founds[0].device) for f in founds]).sum()
+
+    def nonfinite_now(
+        self,
+        norm: torch.Tensor | None,
+        grads: list[torch.Tensor],
+        owners: list[torch.nn.Parameter] | None = None,
+    ) -> bool:
+        """:meth:`flags_now` read on the host (one sync). A finite step leaves its flags at
+        0.0, known on the host, so the next step's check does not zero them first."""
+        nonfinite = bool(self.flags_now(norm, grads, owners))
+        if not nonfinite and norm is None:
+            self._zeroed.update(self._used)
+        return nonfinite
 
     def defer(
         self,

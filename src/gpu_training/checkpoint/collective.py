@@ -3,9 +3,9 @@
 The protocol shared by sharded (FSDP2/DCP, :mod:`~gpu_training.checkpoint.sharded`) and
 DeepSpeed (:mod:`~gpu_training.checkpoint.zero`) checkpoints; each supplies only a function
 that writes its files. Saving (:func:`save_directory`): rank 0 makes one locked temporary
-directory and shares its name; every rank writes its files there; each rank checksums the
-files it wrote; rank 0 cross-checks them, writes ``manifest.json`` last, fsyncs, renames the
-directory into place and prunes. Loading (:func:`choose_verified`): rank 0 finds the
+directory and shares its name; every rank writes its files there; each rank checksums and
+fsyncs the files it wrote; rank 0 cross-checks them, writes ``manifest.json`` last, fsyncs,
+renames the directory into place and prunes. Loading (:func:`choose_verified`): rank 0 finds the
 candidates, every rank checksums a share of the files, and all ranks agree on one.
 
 Every phase runs under :class:`~gpu_training.checkpoint.attempt.Attempt` and ends in
@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -56,6 +57,7 @@ from gpu_training.checkpoint.files import (
     check_step,
     entry_problem,
     file_checksum,
+    fsync_file,
     read_ahead,
 )
 from gpu_training.checkpoint.formats import CheckpointFormat, format_of
@@ -107,22 +109,24 @@ def _writer(name: str, world_size: int) -> int:
 
 
 def _own_files(tmp: Path, ctx: DistributedContext) -> list[dict[str, Any]]:
-    """Size and checksum of the files this rank answers for (its own shards; rank 0: the rest)."""
-    entries = []
+    """Size and checksum of the files this rank answers for (its own shards; rank 0: the rest).
+
+    Each is also made durable here: a writer may not fsync (DeepSpeed's ``torch.save`` does
+    not; DCP is asked not to), so the write-back runs on a thread while the bytes are hashed.
+    """
     with os.scandir(tmp) as found:
         names = sorted(e.name for e in found if e.is_file(follow_symlinks=False))
-    for name in names:
-        if _writer(name, ctx.world_size) != ctx.rank:
-            continue
-        file = tmp / name
+    mine = [tmp / name for name in names if _writer(name, ctx.world_size) == ctx.rank]
+    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-fsync") as pool:
+        # fsync waits on the disk, the checksum on the CPU: overlapped, not one after the other
+        synced = [pool.submit(fsync_file, file) for file in mine]
         # hashed by the rank that wrote it, while it is still in that node's page cache
-        entries.append(
-            {
-                "name": name,
-                "size": file.stat().st_size,
-                "checksum": file_checksum(file),
-            }
-        )
+        entries = [
+            {"name": file.name, "size": file.stat().st_size, "checksum": file_checksum(file)}
+            for file in mine
+        ]
+        for job in synced:
+            job.result()  # durable before the manifest can name it
     return entries
 
 
@@ -173,8 +177,9 @@ def save_directory(
     Rank 0 makes a locked staging directory and shares its name; ``prepare()`` runs on
     every rank (and rank 0 writes ``extra``) — an error there reaches every rank before any
     collective in ``write``; ``write(tmp)`` writes this rank's files into ``tmp`` (flat) and
-    returns the names it knows were written (checked to exist); each rank checksums its own
-    files; rank 0 writes the manifest (``"state_format": fmt.name``) last, commits, prunes.
+    returns the names it knows were written (checked to exist); each rank checksums and
+    fsyncs its own files; rank 0 writes the manifest (``"state_format": fmt.name``) last,
+    commits, prunes.
 
     Args:
         store: The checkpoint root (rank 0 stages, commits and prunes in it).

@@ -182,6 +182,15 @@ class HashingWriter:
         self._raw.flush()
 
 
+def fsync_file(path: Path) -> None:
+    """Makes ``path``'s bytes durable, whichever process wrote them (an fsync of a new descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     """Makes renames and creations inside ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

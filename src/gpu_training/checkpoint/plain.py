@@ -53,6 +53,7 @@ from gpu_training.checkpoint.files import (
     HashingWriter,
     check_step,
     fsync_dir,
+    fsync_file,
     refused_by_environment,
 )
 from gpu_training.checkpoint.keys import strip_wrapper_prefixes
@@ -96,14 +97,6 @@ def _install_exit_hook() -> None:
     # needs; plain atexit hooks run after that, too late to let a pending save finish
     register = getattr(threading, "_register_atexit", atexit.register)
     register(_settle_all_at_exit)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PlainFormat:
@@ -367,7 +360,7 @@ class PlainFormat:
                 # concurrent fsyncs share one journal commit
                 jobs = [
                     pool.submit(os.fsync, raw.fileno()),
-                    pool.submit(_fsync_file, tmp / MANIFEST_NAME),
+                    pool.submit(fsync_file, tmp / MANIFEST_NAME),
                     pool.submit(fsync_dir, tmp),
                 ]
                 final = self.store.path_of(step)

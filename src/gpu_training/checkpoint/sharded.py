@@ -16,10 +16,10 @@ world size, every file's size and checksum). It holds DCP's files — ``.metadat
 This module holds what is FSDP/DCP-specific: gathering the state (``get_state_dict``: each
 rank's own shards), ``dcp.save`` / ``dcp.load``, and putting the state back
 (``set_state_dict``). How the directory is committed — one locked temporary directory, each
-rank checksums what it wrote, rank 0 writes the manifest and renames, an error on any rank
-reaches every rank as :class:`CheckpointError` and nothing is pruned — is shared with DeepSpeed
-checkpoints and lives in :mod:`~gpu_training.checkpoint.collective`. The directory must be on
-a file system every rank sees (one node, or NFS/Lustre...).
+rank checksums and fsyncs what it wrote, rank 0 writes the manifest and renames, an error on
+any rank reaches every rank as :class:`CheckpointError` and nothing is pruned — is shared with
+DeepSpeed checkpoints and lives in :mod:`~gpu_training.checkpoint.collective`. The directory
+must be on a file system every rank sees (one node, or NFS/Lustre...).
 
 Loading reshards: a checkpoint saved by 8 ranks loads on 2, on 1 without a process group, or
 into a plain (unsharded) model, because DCP stores each tensor's global shape and chunks.
@@ -165,8 +165,10 @@ def save_sharded(
         check_plain(list(_plain_leaves(state)), "the model and optimizer state")
 
     def write(tmp: Path) -> set[str]:
+        # no fsync in DCP: save_directory fsyncs every file while it hashes it
+        writer = FileSystemWriter(tmp, sync_files=False)
         with _quiet_single_process():
-            metadata = dcp.save(state, storage_writer=FileSystemWriter(tmp))
+            metadata = dcp.save(state, storage_writer=writer)
         return {info.relative_path for info in (metadata.storage_data or {}).values()}
 
     return save_directory(store, ctx, step, write, SHARDED, extra=extra, prepare=gather)

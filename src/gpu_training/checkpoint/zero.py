@@ -4,7 +4,7 @@ DeepSpeed writes its own files — ``mp_rank_00_model_states.pt`` (or one model 
 under ZeRO-3) and one ``[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per rank — with
 ``engine.save_checkpoint``. Here they are written into the toolkit's temporary step directory
 and committed like a sharded checkpoint (:func:`.collective.save_directory`):
-every rank checksums its own files, rank 0 writes ``manifest.json`` last
+every rank checksums and fsyncs its own files, rank 0 writes ``manifest.json`` last
 (``"state_format": "deepspeed"``) and renames ``step-XXXXXXXX/`` into place, so a DeepSpeed
 run killed mid-save resumes from the previous complete checkpoint, as any other run does.
 DeepSpeed's ``latest`` file is not written: :meth:`CheckpointManager.latest` is the truth.
