@@ -18,3 +18,18 @@ def other_loop(model, batches):
         with torch.autocast(device_type="cuda", dtype=amp_dtype):
             loss = model(batch)
         grad_scaler.scale(loss).backward()
+
+
+def step(model, batch, optimizer, scaler):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(batch)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def outer_loop(model, batches, optimizer):
+    # the scaler's function has no autocast; the step it is passed to autocasts to bf16
+    scaler = GradScaler("cuda")  # expect: GT011
+    for batch in batches:
+        step(model, batch, optimizer, scaler)

@@ -52,6 +52,7 @@ from gpu_training.diagnostics.lint.context import (
     none_tested,
     terminates,
 )
+from gpu_training.diagnostics.lint.epoch_paths import reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import (
     hands_loader_on,
     iterates_loader,
@@ -68,6 +69,7 @@ from gpu_training.diagnostics.lint.guards import (
     single_process,
     single_rank,
 )
+from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
@@ -86,17 +88,22 @@ from gpu_training.diagnostics.lint.setup import SetupRules
 from gpu_training.diagnostics.lint.summary import FuncRef
 from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
 from gpu_training.diagnostics.lint.training_loop import LoopAnalysis, is_no_sync
+from gpu_training.diagnostics.lint.wrappers import wrapper_kinds
 
 __all__ = ["FileChecker"]
 
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
-_WRAPPERS = frozenset(
-    {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"}
-)
 _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
 _GROUP_INITS = ("init_process_group", "init_distributed")
-_INHERITED = ("distributed", "has_wrapper", "print_silenced", "log_level_guarded", "unset_sampler")
+_INHERITED = (
+    "distributed",
+    "has_wrapper",
+    "ddp_wrapper",
+    "print_silenced",
+    "log_level_guarded",
+    "unset_sampler",
+)
 
 
 class FileChecker:
@@ -138,14 +145,10 @@ class FileChecker:
         prefixes = ("torch.distributed.", "dist.") if bare_dist else ("torch.distributed.",)
         uses_dist = any(n.startswith(prefixes) for n in names)
         self.launch = lightning_launch(facts)  # Lightning re-runs the script in every process
-        self.seeds: set[ast.AST] = set(self.launch.scopes)
+        self.seeds: set[ast.AST] = set(self.launch.scopes) | hf_every_process(facts)
         self.distributed = self.dist_setup or uses_dist or bool(self.framework or self.seeds)
-        prepares = any(
-            isinstance(c.func, ast.Attribute) and c.func.attr in ("prepare", "setup")
-            for c in self.all_calls
-        )
-        self.has_wrapper = bool(self.tails & (_WRAPPERS | {"wrap_model"})) or (
-            self.framework is not None and prepares
+        self.has_wrapper, self.ddp_wrapper = wrapper_kinds(
+            self.tails, self.framework, self.all_calls
         )
         self.data_parallel = self.has_wrapper or bool(
             self.tails & {"DistributedSampler", "make_distributed_sampler"}
@@ -479,7 +482,7 @@ class FileChecker:
         clips = last in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
         if clips and self.training_loop.clips_before_unscale(call, scope):
             self.add(call, "GT012", "the scaler's scale() comes first and no unscale_() before")
-        if self.has_wrapper and not ctx.no_sync and ctx.guard != "one process":  # no all-reduce
+        if self.ddp_wrapper and not ctx.no_sync and ctx.guard != "one process":  # no all-reduce
             if ctx.loops:
                 self._accumulation(call, ctx, scope, method)
             elif method == "backward" and isinstance(scope.node, _Func):
@@ -576,8 +579,10 @@ class FileChecker:
             self.epoch_loops, self.all_calls, tails, self.facts, imported=self.unset_sampler
         ):
             self.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
+        for loop in reseeded_on_one_path(self.facts):
+            self.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
         for scaler in scalers_with_bf16(self.all_calls, self.facts):
-            self.add(scaler, "GT011", "every autocast of the file is bfloat16")
+            self.add(scaler, "GT011", "every autocast it meets is bfloat16")
         if "backward" in self.tails or any(s.trains for s in self.callee_summaries):
             for optimizer, detail in bf16_adam(self.facts):  # not one built to load a checkpoint
                 self.add(optimizer, "GT019", detail)

@@ -225,7 +225,11 @@ def _classify_flag(
         passed = _passed_flag(facts, test.id, scope, depth)
         if passed not in (None, _NO_SITES):
             return passed  # `if verbose:` where every caller passes verbose=is_primary(args)
-    kinds = {_classify_value(facts, v, scope, depth) for v in values}
+    kinds = {_classify_value(facts, v, scope, depth) for v in values if not _is_true(v)}
+    if kinds == {GUARD_RANK0}:
+        values = [v for v in values if not _is_true(v)]  # `= True` when not distributed
+    else:
+        kinds = {_classify_value(facts, v, scope, depth) for v in values}
     attribute = isinstance(test, ast.Attribute) and not key.startswith("self.")
     if not values and attribute and facts.resolver is not None:
         # `args.is_master = args.rank == 0` in another function or module of the project
@@ -305,6 +309,10 @@ def _classify_value(facts: ModuleFacts, value: ast.expr, scope: Scope, depth: in
 
 def _is_none(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Constant) and expr.value is None
+
+
+def _is_true(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value is True
 
 
 def _classify_compare(

@@ -116,6 +116,11 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
         if last == "get_rank" and (node.args or any(k.arg == "group" for k in node.keywords)):
             return "local"  # `dist.get_rank(group=_LOCAL_PROCESS_GROUP)`: a rank in a subgroup
         return "global" if last in RANK_CALLS else None
+    key_index = node.slice if isinstance(node, ast.Subscript) else None
+    if isinstance(key_index, ast.Constant) and isinstance(key_index.value, str):
+        name = key_index.value.lower()  # `config["local_rank"]`
+        local = "rank" in name and _LOCAL_NAME.search(name)
+        return "local" if local else ("global" if "rank" in name else None)
     if not isinstance(node, (ast.Name, ast.Attribute)):
         return None
     name = _tail(dotted(node)).lower()
@@ -127,11 +132,50 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
     key = dotted(node)
     if key is not None and (isinstance(node, ast.Name) or key.startswith("self.")):
         values = [v for v in facts.lookup(key, scope, _start(node)) if v is not None]
+        if isinstance(node, ast.Name):
+            values += _multi_node_branch(facts, node.id, scope, values, depth)
         if values:
             inner = {guard_locality(facts, v, scope, depth + 1) for v in values} - {None}
             if inner:
                 return "global" if "global" in inner else "local"
     return "global" if is_rankish else None
+
+
+def _multi_node_branch(
+    facts: ModuleFacts, name: str, scope: Scope, values: list[ast.expr], depth: int
+) -> list[ast.expr]:
+    """The other branch's values of ``name`` when the branch chosen is the single-node one.
+
+    ``if "SLURM_PROCID" in os.environ: rank = procid * gpus + local_rank`` / ``else: rank =
+    local_rank``: the test reads a global rank, so the else runs one node and ``rank`` is global
+    on every path (the lookup alone sees the last binding, the else's local rank).
+    """
+    key = ("branch-bindings", id(scope.node), name)
+    branches = facts.memo.get(key)
+    if not isinstance(branches, list):
+        branches = [
+            (stmt, _assigned(stmt.body, name), _assigned(stmt.orelse, name))
+            for stmt in ast.walk(scope.node)
+            if isinstance(stmt, ast.If) and stmt.orelse
+        ]
+        facts.memo[key] = branches
+    found: list[ast.expr] = []
+    for stmt, body, orelse in branches:
+        if not body or not orelse or not any(v in values for v in (*body, *orelse)):
+            continue
+        if guard_locality(facts, stmt.test, scope, depth + 1) == "global":
+            found += [v for v in (*body, *orelse) if v not in values]
+    return found
+
+
+def _assigned(block: list[ast.stmt], name: str) -> list[ast.expr]:
+    """The values a block binds ``name`` to in its own statements."""
+    return [
+        stmt.value
+        for stmt in block
+        if isinstance(stmt, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+    ]
 
 
 def _tail(name: str | None) -> str:

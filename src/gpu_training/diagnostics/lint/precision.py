@@ -1,5 +1,5 @@
 """``GT019``: bf16 parameters stepped by ``torch.optim.Adam``/``AdamW``, with no fp32 master copy;
-``GT011``: a ``GradScaler`` in a file whose every autocast is bfloat16 (:func:`scalers_with_bf16`).
+``GT011``: a ``GradScaler`` whose every autocast is bfloat16 (:func:`scalers_with_bf16`).
 
 bfloat16 keeps 8 bits of mantissa: a weight of 1e-2 cannot move by less than about 4e-5, and
 Adam's update is ``lr`` (1e-4 .. 1e-5) times a ratio near 1, so most updates round to nothing
@@ -180,36 +180,83 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
 
 
 def scalers_with_bf16(calls: list[ast.Call], facts: ModuleFacts) -> list[ast.Call]:
-    """``GT011``: the enabled ``GradScaler`` calls of a file whose every autocast is bfloat16.
+    """``GT011``: the enabled ``GradScaler`` calls whose every autocast is bfloat16.
+
+    A scaler kept in a local variable is read with the autocasts of its function and of the
+    functions it is passed to (none there: an fp32 loop, not the bf16 pitfall); any other
+    scaler (``self.scaler``, a module global, one returned) with every autocast of the file.
 
     Args:
         calls: Every call of the file.
         facts: The file's facts.
 
     Returns:
-        The scaler constructions to report (none unless every ``autocast`` is bfloat16).
+        The scaler constructions to report.
     """
-    dtypes: set[str] = set()
-    for call in calls:
-        if tail(call_name(call, facts.imports)) != "autocast":
-            continue
-        dtype = keyword_arg(call, "dtype")
-        if (
-            dtype is None
-            and len(call.args) > 1
-            and "torch.autocast" in call_name(call, facts.imports)
-        ):
-            dtype = call.args[1]
-        dtypes.add(_dtype_name(dtype, facts))
-    if dtypes != {"bfloat16"}:
-        return []
+    file_dtypes = {_autocast_dtype(c, facts) for c in calls if _is_autocast(c, facts)}
     found = []
     for call in calls:
-        if tail(call_name(call, facts.imports)) in ("GradScaler", "ShardedGradScaler"):
-            enabled = keyword_arg(call, "enabled")
-            if enabled is None or is_const(enabled, True):
-                found.append(call)
+        if tail(call_name(call, facts.imports)) not in ("GradScaler", "ShardedGradScaler"):
+            continue
+        enabled = keyword_arg(call, "enabled")
+        if enabled is not None and not is_const(enabled, True):
+            continue
+        local = _local_reach(call, facts)
+        dtypes = file_dtypes if local is None else local
+        if dtypes == {"bfloat16"}:
+            found.append(call)
     return found
+
+
+def _is_autocast(call: ast.Call, facts: ModuleFacts) -> bool:
+    return tail(call_name(call, facts.imports)) == "autocast"
+
+
+def _autocast_dtype(call: ast.Call, facts: ModuleFacts) -> str:
+    dtype = keyword_arg(call, "dtype")
+    if dtype is None and len(call.args) > 1 and "torch.autocast" in call_name(call, facts.imports):
+        dtype = call.args[1]
+    return _dtype_name(dtype, facts)
+
+
+def _local_reach(scaler: ast.Call, facts: ModuleFacts) -> set[str] | None:
+    """The autocast dtypes where a scaler bound to a local name is used: its function's and
+    those of the functions it is passed to; None when the scaler leaves the function."""
+    scope = facts.scope_containing(scaler)
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    name = next(
+        (
+            t.id
+            for n in ast.walk(func)
+            if isinstance(n, ast.Assign) and n.value is scaler
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        ),
+        None,
+    )
+    if name is None or any(  # `return scaler`, `self.scaler = scaler`: used elsewhere
+        (isinstance(n, ast.Return) and n.value is not None and _names(n.value, name))
+        or (isinstance(n, ast.Assign) and n.value is not scaler and _names(n.value, name))
+        for n in ast.walk(func)
+    ):
+        return None
+    reached = [func]
+    for call in (n for n in ast.walk(func) if isinstance(n, ast.Call)):
+        passed = [*call.args, *(k.value for k in call.keywords)]
+        if any(isinstance(a, ast.Name) and a.id == name for a in passed):
+            reached += facts.local_functions(call)
+    return {
+        _autocast_dtype(c, facts)
+        for f in reached
+        for c in ast.walk(f)
+        if isinstance(c, ast.Call) and _is_autocast(c, facts)
+    }
+
+
+def _names(expr: ast.expr, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(expr))
 
 
 def _dtype_name(expr: ast.expr | None, facts: ModuleFacts) -> str:

@@ -454,13 +454,19 @@ def _caller_decides(path: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
         return False
     names = [a.arg for a in positional]
     index = names.index(path.id) - (1 if names and names[0] in ("self", "cls") else 0)
-    passed = []
+    passed: list[tuple[ModuleFacts, ast.expr | None, Scope]] = []
     for sub, where in facts.calls_of(func):
         value = keyword_arg(sub, path.id)
         if value is None and path.id in names and 0 <= index < len(sub.args):
             value = sub.args[index]
-        passed.append((value, where))
-    shared = [v for v, w in passed if v is not None and not rank_in_value(facts, v, w)]
+        passed.append((facts, value, where))
+    if facts.resolver is not None:  # the project's other modules that call it
+        for owner, sub, where in facts.resolver.incoming((facts, func)):
+            value = keyword_arg(sub, path.id)
+            if value is None and path.id in names and 0 <= index < len(sub.args):
+                value = sub.args[index]
+            passed.append((owner, value, where))
+    shared = [v for f, v, w in passed if v is not None and not rank_in_value(f, v, w)]
     return not passed or len(shared) < len(passed)
 
 

@@ -1,0 +1,103 @@
+"""``GT005`` on one path: ``set_epoch`` called under a flag narrower than the one the sampler
+is built under.
+
+``loader = get_loader(..., distributed=distributed or ddp)`` builds a shuffling
+``DistributedSampler`` when either flag is set; ``if ddp: loader.sampler.set_epoch(epoch)``
+in the epoch loop reseeds it on the ``ddp`` path only, so the ``distributed`` path draws the
+same order every epoch. Read: every ``set_epoch`` of the loop sits under a test of one name;
+the loader's builder (a project function that builds a shuffling distributed sampler, or
+``DistributedSampler`` itself) is given an ``or`` of that name and others.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> src = ("s = DistributedSampler(d) if a or b else None\\n"
+    ...        "for epoch in range(3):\\n    if b:\\n        s.set_epoch(epoch)\\n")
+    >>> facts = ModuleFacts(ast.parse(src))
+    >>> [loop.lineno for loop in reseeded_on_one_path(facts)]
+    [2]
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
+
+__all__ = ["reseeded_on_one_path"]
+
+
+def reseeded_on_one_path(facts: ModuleFacts) -> list[ast.stmt]:
+    """The loops of a file whose every ``set_epoch`` is guarded by a flag narrower than the
+    condition the sampler is built under (see the module docstring)."""
+    found: list[ast.stmt] = []
+    for loop in facts.nodes:
+        if not isinstance(loop, (ast.For, ast.AsyncFor, ast.While)):
+            continue
+        scope = facts.scope_containing(loop)
+        guarded = _guarded_set_epochs(loop)
+        if not guarded:
+            continue
+        flags = {flag for flag, _ in guarded}
+        flag = flags.pop() if len(flags) == 1 else None
+        if flag is None:
+            continue  # a set_epoch with no guard, or guards that differ
+        for _, call in guarded:
+            root = call.func.value if isinstance(call.func, ast.Attribute) else None
+            while isinstance(root, ast.Attribute):  # `loader.sampler.set_epoch`
+                root = root.value
+            if not isinstance(root, ast.Name):
+                continue
+            values = facts.lookup(root.id, scope, (call.lineno, call.col_offset))
+            if any(v is not None and _built_wider(v, flag, facts) for v in values):
+                found.append(loop)
+                break
+    return found
+
+
+def _guarded_set_epochs(loop: ast.stmt) -> list[tuple[str | None, ast.Call]]:
+    """Each ``set_epoch`` call of the loop (not of a loop inside it) with the name its
+    enclosing ``if`` tests (None: none, or a test that is not one name)."""
+    found: list[tuple[str | None, ast.Call]] = []
+
+    def visit(stmts: list[ast.stmt], flag: str | None) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ast.If):
+                visit(stmt.body, dotted(stmt.test) if flag is None else flag)
+                visit(stmt.orelse, None if flag is None else flag)
+                continue
+            if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                continue  # an inner loop's set_epoch is that loop's
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Call) and tail(dotted(node.func)) == "set_epoch":
+                    found.append((flag, node))
+
+    visit(getattr(loop, "body", []), None)
+    return found
+
+
+def _built_wider(value: ast.expr, flag: str, facts: ModuleFacts) -> bool:
+    """A sampler (or a loader) built under an ``or`` of ``flag`` and other names."""
+    if isinstance(value, ast.IfExp):
+        return _wider(value.test, flag) and _builds_sampler(value.body, facts)
+    return (
+        isinstance(value, ast.Call)
+        and _builds_sampler(value, facts)
+        and any(_wider(arg, flag) for arg in [*value.args, *(k.value for k in value.keywords)])
+    )
+
+
+def _wider(test: ast.expr, flag: str) -> bool:
+    if not isinstance(test, ast.BoolOp) or not isinstance(test.op, ast.Or):
+        return False
+    names = [dotted(v) for v in test.values]
+    return flag in names and any(n != flag for n in names)
+
+
+def _builds_sampler(value: ast.expr, facts: ModuleFacts) -> bool:
+    if not isinstance(value, ast.Call):
+        return False
+    if tail(call_name(value, facts.imports)) == "DistributedSampler":
+        return True
+    return any(s.shuffles_sampler for s in facts.summaries(value))

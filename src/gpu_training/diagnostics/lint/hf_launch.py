@@ -1,0 +1,55 @@
+"""A Hugging Face ``Trainer`` script written to run in every process of a launch.
+
+``TrainingArguments(..., local_rank=args.local_rank)`` or ``deepspeed=args.deepspeed``: the
+script takes the launcher's rank or a DeepSpeed config, so ``torchrun``/``deepspeed`` starts
+it once per GPU and every process runs it from the top. The ``Trainer`` guards its own saves
+(``trainer.save_model``); the script's own writes (``model.save_pretrained(path)`` after
+``trainer.train()``) run on every rank unless guarded (``trainer.is_world_process_zero()``).
+A script that passes neither is not taken as distributed (one GPU is the common case).
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> src = ("from transformers import TrainingArguments, Trainer\\n"
+    ...        "targs = TrainingArguments('out', local_rank=args.local_rank)\\n"
+    ...        "trainer = Trainer(model=model, args=targs)\\ntrainer.train()\\n")
+    >>> facts = ModuleFacts(ast.parse(src))
+    >>> hf_every_process(facts) == {facts.tree}
+    True
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
+
+__all__ = ["hf_every_process"]
+
+_PACKAGES = ("transformers", "trl")
+_LAUNCH_KEYWORDS = ("local_rank", "deepspeed")
+
+
+def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
+    """The scopes that build Hugging Face training arguments naming the launcher's rank or a
+    DeepSpeed config, and train there: each runs in every process of the launch."""
+    trains = {
+        facts.scope_containing(c).node
+        for c in facts.calls
+        if isinstance(c.func, ast.Attribute) and c.func.attr == "train"
+    }
+    return {
+        facts.scope_containing(c).node
+        for c in facts.calls
+        if _launch_arguments(facts, c) and facts.scope_containing(c).node in trains
+    }
+
+
+def _launch_arguments(facts: ModuleFacts, call: ast.Call) -> bool:
+    name = call_name(call, facts.imports)
+    last = tail(name)
+    if name.split(".")[0] not in _PACKAGES or not last.endswith(("TrainingArguments", "Config")):
+        return False
+    given = [keyword_arg(call, k) for k in _LAUNCH_KEYWORDS]
+    return any(v is not None and not isinstance(v, ast.Constant) for v in given)  # from the CLI
