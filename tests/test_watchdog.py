@@ -152,13 +152,16 @@ def test_stalled_rank_is_named_by_the_watchdog_within_timeout() -> None:
     took = ended - _stamp("STALL_AT", output)
     assert took <= STALL_TIMEOUT + 5.0, f"the stall was reported after {took:.1f}s"
     verdicts = re.findall(r"gpu-training watchdog: stall detected by rank (\d): (.*)", output)
-    assert {r for r, _ in verdicts} == {"0", "1"}, output[-3000:]
+    # the watchdog of the rank that ends the job (rank 1, the root cause below) says it; the
+    # other's may not, when torchrun stops it first (seen in 1 of 3 runs on a quiet machine)
+    assert "1" in {r for r, _ in verdicts}, output[-3000:]
     for _, verdict in verdicts:
         assert verdict.startswith("rank 1 stalled at ") and "test_watchdog.py" in verdict
         assert "rank 0 waiting in all_reduce" in verdict
-    # every rank's Python stacks are in the log
-    assert "Python stacks of rank 0" in output and "Python stacks of rank 1" in output
-    assert output.count("(most recent call first)") >= 4
+    # each watchdog that fired put its rank's Python stacks in the log (two threads each)
+    fired = {r for r, _ in verdicts}
+    assert all(f"Python stacks of rank {r}" in output for r in fired), output[-3000:]
+    assert output.count("(most recent call first)") >= 2 * len(fired)
     root = _root_cause(output)
     assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", root), root
     assert f"exitcode  : {EXIT_STALLED}" in root and "StallError" in root
