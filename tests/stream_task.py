@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +255,48 @@ def stream_job(
     path = tmp / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
+
+
+def simulated_steps(
+    stream: Any,
+    world: int,
+    workers: int,
+    steps: int,
+    state: Any = None,
+    *,
+    global_batch: int,
+    per_device: int,
+    ids: Callable[[Any], list[int]],
+) -> tuple[list[list[list[int]]], Any]:
+    """``steps`` global steps of ``stream`` on ``world`` simulated ranks (one process).
+
+    Returns, per step, per rank, the sample ids ``ids(batch)`` reads off each micro-batch,
+    and the data position the last rank would save. ``state``: a position to resume from.
+    """
+    from gpu_training.config import TrainingConfig
+    from gpu_training.ddp import DistributedContext
+    from gpu_training.train_data import build_train_data
+
+    cfg = TrainingConfig(
+        global_batch_size=global_batch, per_device_batch_size=per_device, max_steps=99
+    ).for_world_size(world)
+    per_rank, saved = [], None
+    for rank in range(world):
+        ctx = DistributedContext(
+            rank=rank, local_rank=rank, world_size=world, local_world_size=world
+        )
+        data = build_train_data(stream, cfg, ctx, workers=workers)
+        if state is not None:
+            data.position.load_state_dict(state)
+        batches = iter(data.loader)
+        accum = cfg.gradient_accumulation_steps
+        mine = [[i for _ in range(accum) for i in ids(next(batches))] for _ in range(steps)]
+        del batches  # stop the workers
+        per_rank.append(mine)
+        saved = data.position.state_dict()
+    return [list(s) for s in zip(*per_rank, strict=True)], saved
+
+
+def flat(step: list[list[int]]) -> list[int]:
+    """One step's ids, rank after rank."""
+    return [i for rank in step for i in rank]

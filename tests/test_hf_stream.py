@@ -21,14 +21,12 @@ import pytest
 import torch
 import yaml
 
-from gpu_training.config import ConfigError, TrainingConfig
-from gpu_training.ddp import DistributedContext
+from gpu_training.config import ConfigError
 from gpu_training.tasks import resolve_task
 from gpu_training.tasks.hf_options import HFTaskOptions
-from gpu_training.train_data import build_train_data
 from hf_runs import LLAMA, TOKENIZER
 from resume_jobs import weights
-from stream_task import ID_CHARS, read_steps, write_stream
+from stream_task import ID_CHARS, flat, read_steps, simulated_steps, write_stream
 from train_jobs import train
 
 pytest.importorskip("transformers")
@@ -69,30 +67,16 @@ class _Restart:
 
 def _steps(stream: Any, world: int, workers: int, steps: int, state: Any = None) -> tuple:
     """``steps`` global steps on ``world`` simulated ranks: per step, per rank, the ids."""
-    cfg = TrainingConfig(global_batch_size=G, per_device_batch_size=B, max_steps=99)
-    cfg = cfg.for_world_size(world)
-    per_rank, saved = [], None
-    for rank in range(world):
-        ctx = DistributedContext(
-            rank=rank, local_rank=rank, world_size=world, local_world_size=world
-        )
-        data = build_train_data(stream, cfg, ctx, workers=workers)
-        if state is not None:
-            data.position.load_state_dict(state)
-        batches = iter(data.loader)
-        accum = cfg.gradient_accumulation_steps
-        mine = []
-        for _ in range(steps):
-            rows = [row for _ in range(accum) for row in next(batches)[0]]
-            mine.append([_id(row) for row in rows])
-        del batches  # stop the workers
-        per_rank.append(mine)
-        saved = data.position.state_dict()
-    return [list(s) for s in zip(*per_rank, strict=True)], saved
-
-
-def _flat(step: list[list[int]]) -> list[int]:
-    return [i for rank in step for i in rank]
+    return simulated_steps(
+        stream,
+        world,
+        workers,
+        steps,
+        state,
+        global_batch=G,
+        per_device=B,
+        ids=lambda batch: [_id(row) for row in batch[0]],
+    )
 
 
 def test_the_stream_is_tokenized_on_the_fly_and_resumes_on_any_world_size(tmp_path: Path) -> None:
@@ -106,12 +90,12 @@ def test_the_stream_is_tokenized_on_the_fly_and_resumes_on_any_world_size(tmp_pa
     assert torch.equal(inputs[1:], targets[:-1])  # a window of 17 tokens, shifted by one
 
     first, state = _steps(train_set, 2, 2, 2)
-    assert [_flat(s) for s in first] == [list(range(k * G, (k + 1) * G)) for k in range(2)]
+    assert [flat(s) for s in first] == [list(range(k * G, (k + 1) * G)) for k in range(2)]
     for world, workers in ((1, 0), (2, 1)):
         rest, _ = _steps(train_set, world, workers, 2, state)
-        assert [_flat(s) for s in rest] == [list(range(k * G, (k + 1) * G)) for k in (2, 3)]
+        assert [flat(s) for s in rest] == [list(range(k * G, (k + 1) * G)) for k in (2, 3)]
     restarted, _ = _steps(_Restart(train_set), 1, 0, 2, state)  # the negative control
-    assert [_flat(s) for s in restarted] == [_flat(s) for s in first]
+    assert [flat(s) for s in restarted] == [flat(s) for s in first]
 
 
 def test_a_short_record_pads_unscored_and_a_long_one_is_cut(tmp_path: Path) -> None:
@@ -202,7 +186,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]
     stream = write_stream(tmp / "stream.jsonl", 100)
     run = tmp / "run"
     whole = _train(_job(tmp, run, stream), 2, run)
-    assert [sorted(_flat(s)) for s in whole] == [
+    assert [sorted(flat(s)) for s in whole] == [
         list(range(k * G, (k + 1) * G)) for k in range(STEPS)
     ]
     assert not (tmp / "cache").exists()  # nothing tokenized ahead of time
@@ -220,8 +204,8 @@ def test_hf_stream_resumes_exactly_through_train(uninterrupted: tuple[Path, list
     assert all(torch.equal(final[k], same_weights[k]) for k in final)
     # one rank: per step the same global set, no id repeated or skipped
     one, one_weights = _resume(run, "one", 1, "--set", "task_options.stream_workers=0")
-    assert [sorted(_flat(s)) for s in one] == [sorted(_flat(s)) for s in whole[3:]]
-    assert Counter(i for s in whole[:3] + one for i in _flat(s)) == Counter(range(STEPS * G))
+    assert [sorted(flat(s)) for s in one] == [sorted(flat(s)) for s in whole[3:]]
+    assert Counter(i for s in whole[:3] + one for i in flat(s)) == Counter(range(STEPS * G))
     assert max((one_weights[k] - final[k]).abs().max().item() for k in final) < 1e-5
 
 

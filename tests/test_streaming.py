@@ -33,7 +33,7 @@ from gpu_training.tasks import resolve_task
 from gpu_training.tasks.streams import FileStream, HFStream
 from gpu_training.train_data import build_train_data
 from resume_jobs import weights
-from stream_task import read_steps, stream_job, write_stream
+from stream_task import flat, read_steps, simulated_steps, stream_job, write_stream
 from train_jobs import train
 
 G, B = 8, 2
@@ -53,40 +53,29 @@ class _Restart:
 
 
 def _steps(stream: Any, world: int, workers: int, steps: int, state: Any = None) -> tuple:
-    """``steps`` global steps of ``world`` simulated ranks: per step, per rank, the ids."""
-    cfg = TrainingConfig(global_batch_size=G, per_device_batch_size=B, max_steps=99)
-    cfg = cfg.for_world_size(world)
-    per_rank, saved = [], None
-    for rank in range(world):
-        ctx = DistributedContext(
-            rank=rank, local_rank=rank, world_size=world, local_world_size=world
-        )
-        data = build_train_data(stream, cfg, ctx, workers=workers)
-        if state is not None:
-            data.position.load_state_dict(state)
-        batches = iter(data.loader)
-        accum = cfg.gradient_accumulation_steps
-        mine = [[x for _ in range(accum) for x in next(batches).tolist()] for _ in range(steps)]
-        del batches  # stop the workers
-        per_rank.append(mine)
-        saved = data.position.state_dict()
-    return [list(s) for s in zip(*per_rank, strict=True)], saved
-
-
-def _flat(step: list[list[int]]) -> list[int]:
-    return [i for rank in step for i in rank]
+    """``steps`` global steps on ``world`` simulated ranks: per step, per rank, the ids."""
+    return simulated_steps(
+        stream,
+        world,
+        workers,
+        steps,
+        state,
+        global_batch=G,
+        per_device=B,
+        ids=lambda batch: batch.tolist(),
+    )
 
 
 @pytest.mark.parametrize("world,workers", [(1, 0), (2, 2), (4, 1)])
 def test_cursor_resumes_on_any_world_size(world: int, workers: int) -> None:
     first, state = _steps(RangeStream(200), 2, 2, 3)
-    assert [_flat(s) for s in first] == [list(range(k * G, (k + 1) * G)) for k in range(3)]
+    assert [flat(s) for s in first] == [list(range(k * G, (k + 1) * G)) for k in range(3)]
     assert state["cursor"] == 3 * G
     rest, _ = _steps(RangeStream(200), world, workers, 3, state)
     # the same global batches, split rank-major as the map-style sampler splits indices
-    assert [_flat(s) for s in rest] == [list(range(k * G, (k + 1) * G)) for k in range(3, 6)]
+    assert [flat(s) for s in rest] == [list(range(k * G, (k + 1) * G)) for k in range(3, 6)]
     restarted, _ = _steps(_Restart(200), world, workers, 3, state)  # the negative control
-    assert [_flat(s) for s in restarted] != [_flat(s) for s in rest]
+    assert [flat(s) for s in restarted] != [flat(s) for s in rest]
 
 
 def test_finite_stream_ends_on_every_rank_alike() -> None:
@@ -217,7 +206,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]
     run = tmp / "run"
     _train_recorded(_job(tmp, run, stream), 2, run)
     whole = read_steps(run / "ids", 2, 2)
-    assert [sorted(_flat(s)) for s in whole] == [
+    assert [sorted(flat(s)) for s in whole] == [
         list(range(k * G, (k + 1) * G)) for k in range(STEPS)
     ]
     return run, whole
@@ -227,8 +216,8 @@ def _other_world_size(run: Path, whole: list, world: int, workers: int) -> None:
     """Resumed on ``world`` ranks: per step the same global set, no id repeated or skipped."""
     sets = ("--set", f"task_options.stream_workers={workers}")
     other, out = _resume(run.parent, run, f"w{world}", world, *sets)
-    assert [sorted(_flat(s)) for s in other] == [sorted(_flat(s)) for s in whole[3:]]
-    consumed = Counter(i for s in whole[:3] + other for i in _flat(s))
+    assert [sorted(flat(s)) for s in other] == [sorted(flat(s)) for s in whole[3:]]
+    consumed = Counter(i for s in whole[:3] + other for i in flat(s))
     assert consumed == Counter(range(STEPS * G))
     final, resumed = weights(run, STEPS), weights(out, STEPS)
     assert max((resumed[k] - final[k]).abs().max().item() for k in final) < 1e-5
@@ -251,7 +240,7 @@ def test_trainer_stream_resumes_exactly(uninterrupted: tuple[Path, list]) -> Non
     sets = ("--allow-config-change", "--set", "task_options.restart=true")
     again, _ = _resume(tmp, run, "restart", 2, *sets)
     assert again != whole[3:]
-    assert Counter(i for s in whole[:3] + again for i in _flat(s)) != Counter(range(STEPS * G))
+    assert Counter(i for s in whole[:3] + again for i in flat(s)) != Counter(range(STEPS * G))
 
 
 @pytest.mark.matrix
