@@ -35,7 +35,7 @@ from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
-from gpu_training.diagnostics.lint.state_saves import unwrapped_branches
+from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 
@@ -275,18 +275,10 @@ class SetupRules:
         if isinstance(obj, ast.Name):  # state = {...}; torch.save(state, path)
             lookup = self.facts.lookup(obj.id, scope, node_start(obj))
             exprs += [v for v in lookup if v is not None]
-        for expr in exprs:
-            unwrapped = unwrapped_branches(expr)
-            for node in ast.walk(expr):
-                if (
-                    id(node) not in unwrapped
-                    and isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "state_dict"
-                    and self._is_wrapper(node.func.value, scope)
-                ):
-                    wrapper = ast.unparse(node.func.value)
-                    self.report(node, "GT006", f"{wrapper} is the DDP wrapper")
+        for node in state_dict_calls(exprs):
+            owner = node.func.value  # type: ignore[attr-defined]
+            if self._is_wrapper(owner, scope):
+                self.report(node, "GT006", f"{ast.unparse(owner)} is the DDP wrapper")
 
     def _saved_helper_state(self, arg: ast.expr, helper: str, scope: Scope) -> None:
         if not isinstance(arg, ast.Starred) and self._is_wrapper(arg, scope):

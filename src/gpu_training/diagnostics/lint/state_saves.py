@@ -23,11 +23,12 @@ Example:
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 
 from gpu_training.diagnostics.lint.calls import call_arg, node_start
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 
-__all__ = ["saved_state_parameters", "unwrapped_branches"]
+__all__ = ["saved_state_parameters", "state_dict_calls", "unwrapped_branches"]
 
 _MAX_HOPS = 3  # local names followed from the saved expression
 
@@ -64,6 +65,16 @@ def saved_state_parameters(facts: ModuleFacts, save: ast.Call, scope: Scope) -> 
             if name.id not in params:
                 exprs += [v for v in facts.lookup(name.id, scope, node_start(name)) if v]
     found: set[int] = set()
+    for call in state_dict_calls(exprs):
+        owner = call.func.value  # type: ignore[attr-defined]
+        if isinstance(owner, ast.Name) and owner.id in params[skip:]:
+            found.add(params.index(owner.id) - skip)
+    return tuple(sorted(found))
+
+
+def state_dict_calls(exprs: Iterable[ast.AST]) -> Iterator[ast.Call]:
+    """The ``x.state_dict()`` calls in ``exprs``, less those in an unwrapped branch
+    (:func:`unwrapped_branches`): the ones whose ``x`` may be a wrapper."""
     for expr in exprs:
         unwrapped = unwrapped_branches(expr)
         for node in ast.walk(expr):
@@ -72,11 +83,8 @@ def saved_state_parameters(facts: ModuleFacts, save: ast.Call, scope: Scope) -> 
                 and isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "state_dict"
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id in params[skip:]
             ):
-                found.add(params.index(node.func.value.id) - skip)
-    return tuple(sorted(found))
+                yield node
 
 
 def unwrapped_branches(expr: ast.AST) -> set[int]:
