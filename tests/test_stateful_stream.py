@@ -24,7 +24,7 @@ from gpu_training.config import ConfigError, TrainingConfig
 from gpu_training.ddp import DistributedContext
 from gpu_training.job import load_job
 from gpu_training.preflight import check_launch
-from gpu_training.stateful_stream import StatefulPosition, check_data_state
+from gpu_training.stateful_stream import StatefulPosition, check_data_state, check_saved_world_size
 from gpu_training.streaming import StreamPosition
 from gpu_training.train_data import build_train_data
 from resume_jobs import weights
@@ -252,3 +252,14 @@ def test_another_world_size_is_refused_before_any_process_starts(
     # the positive control: on the world size that saved it, the launch check passes (its
     # warnings: the job file's record_dir, which is no math setting, moved)
     check_launch(load_job(path), 2)
+
+
+@pytest.mark.parametrize("world_size", [None, "2", True])
+def test_a_damaged_position_is_one_line_not_a_traceback(world_size: object) -> None:
+    """Per-rank states without a usable saved world size: a ConfigError, not a KeyError."""
+    position: dict[str, object] = {"stream": 2, "ranks": [{}, {}]}
+    if world_size is not None:
+        position["world_size"] = world_size
+    with pytest.raises(ConfigError, match="without the world size that saved them"):
+        check_saved_world_size(position, 2)
+    check_saved_world_size({"stream": 2, "world_size": 2, "ranks": [{}, {}]}, 2)  # fine

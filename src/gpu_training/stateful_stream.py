@@ -120,7 +120,12 @@ def check_saved_world_size(position: object, world_size: int, name: str | None =
     """
     if not isinstance(position, Mapping) or position.get("stream") != _KIND:
         return
-    saved = int(position["world_size"])
+    saved = position.get("world_size")
+    if not isinstance(saved, int) or isinstance(saved, bool):  # a damaged or foreign position
+        raise ConfigError(
+            "cannot resume: the checkpoint's data position holds per-rank stream states without "
+            f"the world size that saved them (world_size={saved!r}); use another checkpoint.dir"
+        )
     if saved == world_size:
         return
     name = name or str(position.get("name") or "the training stream")
