@@ -484,6 +484,29 @@ def test_newest_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path: Path) -> 
         ckpt.load_sharded(fresh, fresh_opt, 2)
 
 
+def test_a_refused_load_leaves_the_model_and_optimizer_untouched(tmp_path: Path) -> None:
+    """DCP reads a checkpoint beside its checksums, into staging: a byte flipped in the tensor
+    data (which DCP itself reads without complaint) is refused, and not one weight or moment
+    of the target changed (loading into the live tensors during the checksums fails this)."""
+    model, opt = _trained_plain()
+    ckpt = CheckpointManager(tmp_path, ctx=SINGLE)
+    ckpt.save_sharded(model, opt, 1)
+    shard = tmp_path / "step-00000001" / "__0_0.distcp"
+    weight = next(iter(model.parameters())).detach().numpy().tobytes()
+    _flip_byte(shard, shard.read_bytes().index(weight[:16]) + 4)  # inside a weight's value
+    fresh, fresh_opt = _fresh()
+    _train(fresh, fresh_opt, rank=0)  # moments of its own, to be kept
+    before = copy.deepcopy(_full_state(fresh, fresh_opt))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        ckpt.load_sharded(fresh, fresh_opt, 1)
+    _assert_same(before, _full_state(fresh, fresh_opt))
+    # the same file read without its checksums: DCP takes the flipped byte as a value
+    _rewrite_manifest_entry(tmp_path / "step-00000001", "__0_0.distcp")
+    ckpt.load_sharded(fresh, fresh_opt, 1)
+    with pytest.raises(AssertionError):
+        _assert_same(_full_state(model, opt), _full_state(fresh, fresh_opt))
+
+
 def test_save_refuses_state_that_could_not_be_loaded(tmp_path: Path) -> None:
     model, opt = _trained_plain()
     opt.param_groups[0]["hook"] = _Touch(tmp_path / "never")
