@@ -13,7 +13,8 @@
   :mod:`~gpu_training.diagnostics.lint.switches` — one process or a group;
   :mod:`~gpu_training.diagnostics.lint.collectives` — which calls are collectives.
 - :mod:`~gpu_training.diagnostics.lint.checks` — the walk of a file, with its context
-  (:mod:`~gpu_training.diagnostics.lint.context`), the set-up rules
+  (:mod:`~gpu_training.diagnostics.lint.context`), the whole-file rules run after it
+  (:mod:`~gpu_training.diagnostics.lint.file_rules`), the set-up rules
   (:mod:`~gpu_training.diagnostics.lint.setup`; where a loader's batches go,
   :mod:`~gpu_training.diagnostics.lint.loaders`; loaders built by a helper,
   :mod:`~gpu_training.diagnostics.lint.helper_loaders`; inference-only wrappers,

@@ -12,9 +12,12 @@ responsible for destroying it.
 
 :func:`~gpu_training.diagnostics.lint.run.check_project` runs the files of a project
 together. This module holds the walk (:class:`FileChecker`) and the whole-file rules
-(``GT002`` without ``set_device``, ``GT005``, ``GT009``, ``GT011``, and ``GT015`` through
-:mod:`~gpu_training.diagnostics.lint.teardown`); the rules live beside it, each with the
-analysis it rests on:
+with the per-call rules it dispatches; the rules live beside it, each with the analysis it
+rests on:
+
+* :mod:`~gpu_training.diagnostics.lint.file_rules` — the whole-file rules, run once the walk
+  is done: ``GT002`` without ``set_device``, ``GT005``, ``GT009``, ``GT011``, ``GT019`` and
+  ``GT015`` (through :mod:`~gpu_training.diagnostics.lint.teardown`);
 
 * :mod:`~gpu_training.diagnostics.lint.setup` — one call alone: ``GT001``-``GT004``,
   ``GT006``, ``GT010``, ``GT018``;
@@ -41,7 +44,7 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
-from gpu_training.diagnostics.lint.calls import keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.calls import node_start, tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS
 from gpu_training.diagnostics.lint.context import (
     Ctx,
@@ -52,13 +55,12 @@ from gpu_training.diagnostics.lint.context import (
     none_tested,
     terminates,
 )
-from gpu_training.diagnostics.lint.epoch_paths import reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import (
     hands_loader_on,
     iterates_loader,
-    loops_without_set_epoch,
     unset_shuffling_sampler,
 )
+from gpu_training.diagnostics.lint.file_rules import whole_file_rules
 from gpu_training.diagnostics.lint.guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
@@ -72,7 +74,6 @@ from gpu_training.diagnostics.lint.guards import (
 from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
-from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
@@ -82,11 +83,9 @@ from gpu_training.diagnostics.lint.ranks import (
     logs_silenced_per_rank,
     rank_dependent_assignments,
     rank_dependent_update,
-    unpaired_collectives,
 )
 from gpu_training.diagnostics.lint.setup import SetupRules
 from gpu_training.diagnostics.lint.summary import FuncRef
-from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
 from gpu_training.diagnostics.lint.training_loop import LoopAnalysis, is_no_sync
 from gpu_training.diagnostics.lint.wrappers import wrapper_kinds
 
@@ -95,7 +94,6 @@ __all__ = ["FileChecker"]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
-_GROUP_INITS = ("init_process_group", "init_distributed")
 _INHERITED = (
     "distributed",
     "has_wrapper",
@@ -244,7 +242,7 @@ class FileChecker:
         """Walk once more, reporting, then run the whole-file rules."""
         self.emit = True
         self._walk(self.entry)
-        self._file_level()
+        whole_file_rules(self)
         return sorted(self.findings)
 
     def _walk(self, entry: dict[_Func, Ctx]) -> None:
@@ -554,47 +552,3 @@ class FileChecker:
             helper = self.training_loop.accumulating_helper(call, scope)
             if helper is not None:
                 self.add(call, "GT013", helper)
-
-    # --- whole-file rules -----------------------------------------------------------------
-
-    def _file_level(self) -> None:
-        inits = [c for c in self.all_calls if tail(call_name(c, self.imports)) in _GROUP_INITS]
-        direct = [c for c in self.all_calls if creates_plain_group(c, self.facts)]
-        pinned = (
-            bool(self.tails & {"set_device", "set_device_index", "init_distributed"})
-            or any(keyword_arg(c, "device_id") is not None for c in direct)
-            or any(s.sets_device for s in self.callee_summaries)
-        )
-        if direct and not pinned and self.setup.default_cuda:
-            node, what = self.setup.default_cuda[0]
-            self.add(node, "GT002", f"{what} without set_device")
-        tails = self.tails
-        if "train_one_epoch" in self.facts.functions or any(
-            self.facts.callees(c)
-            for c in self.all_calls
-            if tail(call_name(c, self.imports)) == "train_one_epoch"
-        ):
-            tails = tails - {"train_one_epoch"}  # the script's own, not the toolkit's
-        for loop in loops_without_set_epoch(
-            self.epoch_loops, self.all_calls, tails, self.facts, imported=self.unset_sampler
-        ):
-            self.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
-        for loop in reseeded_on_one_path(self.facts):
-            self.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
-        for scaler in scalers_with_bf16(self.all_calls, self.facts):
-            self.add(scaler, "GT011", "every autocast it meets is bfloat16")
-        if "backward" in self.tails or any(s.trains for s in self.callee_summaries):
-            for optimizer, detail in bf16_adam(self.facts):  # not one built to load a checkpoint
-                self.add(optimizer, "GT019", detail)
-        for guarded in unpaired_collectives(self.guarded_collectives):
-            self.add(guarded.call, "GT009", guarded.collective)
-        missing = missing_destroy(
-            self.facts,
-            inits,
-            trains=self.trains,
-            summaries=self.callee_summaries,
-            ranks=self.ranks,
-            helper_module=bool(self.external_sites),
-        )
-        if missing is not None:
-            self.add(missing[0], "GT015", missing[1])

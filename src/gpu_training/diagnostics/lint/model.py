@@ -229,6 +229,8 @@ def _bind_target(scope: Scope, target: ast.expr, value: ast.expr | None, pos: _P
 
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
+# torch.nn.Module methods that return the module itself (`model = Net().to(device)`).
+_RETURNS_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16"})
 
 
 class ModuleFacts:
@@ -415,13 +417,32 @@ class ModuleFacts:
         if isinstance(func, ast.Attribute) and receiver is not None:
             # `trainer = Trainer(...)` ... `trainer.train()`: a method of a class of this file
             found: list[_Func] = []
-            for value in self.instance_values(receiver):
-                if isinstance(value.func, ast.Name) and value.func.id not in self.imports.names:
-                    cls = self.toplevel.get(value.func.id)
-                    if isinstance(cls, ast.ClassDef):
-                        found += _methods(cls, func.attr)
+            for cls in self._classes_of(receiver, set()):
+                found += _methods(cls, func.attr)
             return found
         return []
+
+    def _classes_of(self, receiver: ast.expr, seen: set[int]) -> list[ast.ClassDef]:
+        """The classes of this file a receiver is an instance of: bound to ``Net(...)``,
+        ``Net(...).to(device)`` or a function of this file that returns ``Net(...)``."""
+        found: list[ast.ClassDef] = []
+        for value in self.instance_values(receiver):
+            if id(value) in seen or len(seen) > 16:
+                continue
+            seen.add(id(value))
+            func = value.func
+            if isinstance(func, ast.Attribute) and func.attr in _RETURNS_SELF:
+                found += self._classes_of(func.value, seen)  # `Net().to(device)`
+            elif isinstance(func, ast.Name) and func.id not in self.imports.names:
+                cls = self.toplevel.get(func.id)
+                if isinstance(cls, ast.ClassDef):
+                    found.append(cls)
+                    continue
+                for made in self.functions.get(func.id, []):  # `def build(): return Net()`
+                    for ret in ast.walk(made):
+                        if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Call):
+                            found += self._classes_of(ret.value, seen)
+        return found
 
     def instance_values(self, receiver: ast.expr) -> list[ast.Call]:
         """The calls a receiver name was bound to anywhere in the file (``t = Trainer(...)``),

@@ -52,6 +52,7 @@ from gpu_training.diagnostics.lint.model import (
     call_name,
     dotted,
 )
+from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.state_saves import saved_state_parameters
 from gpu_training.diagnostics.lint.summary import FuncRef, Summary
 
@@ -373,6 +374,7 @@ def _summarise(project: Project, facts: ModuleFacts, func: ast.AST) -> Summary:
     if returns_rank and all(rank_derived(facts, v, scope) for v in values):
         where = {guard_locality(facts, v, scope) for v in values}
         flags = replace(flags, rank_value="global" if "global" in where else "local")
+    flags = replace(flags, rank_items=_rank_items(facts, returns, scope))
     kinds: frozenset[str] = frozenset()
     for value in returns:
         kinds |= facts.kinds(value, scope)
@@ -380,6 +382,25 @@ def _summarise(project: Project, facts: ModuleFacts, func: ast.AST) -> Summary:
     if flags.rank_logging and "logger" in kinds:
         kinds |= {"rank_logger"}
     return replace(flags, returns=kinds)
+
+
+def _rank_items(
+    facts: ModuleFacts, returns: list[ast.expr], scope: Scope
+) -> tuple[tuple[int, str], ...]:
+    """The positions of returned tuples that hold a rank on every return (a constant, the
+    value without a process group, aside): ``return True, rank, world`` / ``return False, 0, 1``.
+    ``"global"`` only where :func:`global_rank_source` proves it."""
+    tuples = [v.elts for v in returns if isinstance(v, ast.Tuple)]
+    if not tuples or len(tuples) != len(returns) or len({len(t) for t in tuples}) != 1:
+        return ()
+    items: list[tuple[int, str]] = []
+    for index in range(len(tuples[0])):
+        values = [t[index] for t in tuples if not isinstance(t[index], ast.Constant)]
+        if values and all(global_rank_source(facts, v, scope) for v in values):
+            items.append((index, "global"))  # a parameter named rank proves nothing (mp.spawn)
+        elif values and all(rank_derived(facts, v, scope) for v in values):
+            items.append((index, "local"))
+    return tuple(items)
 
 
 def _merge_call(

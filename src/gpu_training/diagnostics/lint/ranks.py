@@ -61,6 +61,9 @@ __all__ = [
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 _FRAMEWORK_SETUP = frozenset({"Accelerator", "Fabric", "PartialState"})
+_MODEL_WRAPPERS = frozenset(
+    {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"}
+)
 
 
 def _callee(call: ast.Call, facts: ModuleFacts) -> tuple[str, str, str | None]:
@@ -217,6 +220,7 @@ class RankAnalysis:
         calls: dict[ast.AST, set[ast.AST]] = {}
         direct: set[ast.AST] = set()
         creates: set[ast.AST] = set()
+        wraps: set[ast.AST] = set()  # scopes that wrap a model for data parallelism
         for node, scope in self.facts.scopes.items():
             calls[node] = set()
             for sub in self.facts.scope_nodes.get(node, []):
@@ -236,6 +240,8 @@ class RankAnalysis:
                     h.creates_group for h in helpers
                 ):
                     creates.add(node)
+                if last in _MODEL_WRAPPERS:
+                    wraps.add(node)
                 if (
                     last in DIST_SETUP_CALLS
                     or last in _FRAMEWORK_SETUP
@@ -254,7 +260,11 @@ class RankAnalysis:
                 if node not in creates and node not in launchers and callees & creates:
                     creates.add(node)
                     changed = True
-        found = (direct | creates) - launchers
+                # every rank wraps its own replica: `model.configure_fsdp()` runs on all of them
+                if node not in wraps and node not in launchers and callees & wraps:
+                    wraps.add(node)
+                    changed = True
+        found = (direct | creates | wraps) - launchers
         todo = list(found)
         while todo:  # callees of distributed code
             for callee in calls.get(todo.pop(), set()):

@@ -34,6 +34,7 @@ from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg,
 from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.loaders import feeds_training
+from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 
@@ -347,8 +348,8 @@ class SetupRules:
         indices: list[ast.expr] = []
         if (last == "set_device" and "cuda" in name) or last == "set_device_index":
             indices += call.args[:1]
-        elif method in ("to", "cuda") and call.args:
-            indices.append(call.args[0])
+        elif method in ("to", "cuda"):
+            indices += call.args[:1] + [k.value for k in call.keywords if k.arg == "device"]
         elif last == "device" and len(call.args) == 2:
             indices.append(call.args[1])  # torch.device("cuda", rank)
         elif last in ("DistributedDataParallel", "DDP"):
@@ -357,6 +358,8 @@ class SetupRules:
                 indices += ids.elts
             output = keyword_arg(call, "output_device")
             indices += [output] if output is not None else []
+        for branch in [i for i in indices if isinstance(i, ast.IfExp)]:
+            indices += [branch.body, branch.orelse]  # `"cpu" if low_memory else rank`
         for index in indices:
             if isinstance(index, ast.JoinedStr):  # f"cuda:{rank}"
                 index = next(
@@ -398,6 +401,11 @@ def global_rank_source(
         if last in ("get", "getenv") and expr.args:
             return _env_rank(expr.args[0], expr)
         return None
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Mult)):
+        # `node * gpus_per_node + local_rank` is a global rank; `rank % gpus` is not
+        return global_rank_source(facts, expr.left, scope, depth + 1) or global_rank_source(
+            facts, expr.right, scope, depth + 1
+        )
     if isinstance(expr, ast.Subscript):
         base = facts.imports.resolve(dotted(expr.value))
         if base == "os.environ" or _environ_copy(facts, expr.value, scope):
@@ -408,14 +416,46 @@ def global_rank_source(
         if key is None:
             return None
         values = facts.lookup_all(key, scope)
+        if values and all(v is None for v in values) and isinstance(expr, ast.Name):
+            return _unpacked_global_rank(facts, expr.id, scope, len(values))
         if not values or any(v is None for v in values):
             return None
         sources = [global_rank_source(facts, v, scope, depth + 1) for v in values if v is not None]
-        if sources and all(sources):
-            value = values[-1]
+        # bound on both sides of `if "SLURM_PROCID" in os.environ:`, the else being one node's
+        both = any(sources) and guard_locality(facts, expr, scope) == "global"
+        if sources and (all(sources) or both):
+            value = next(v for v, found in zip(values, sources, strict=True) if found)
             assert value is not None
             return f"{key} = {ast.unparse(value)} (line {value.lineno})"
     return None
+
+
+def _unpacked_global_rank(facts: ModuleFacts, name: str, scope: Scope, count: int) -> str | None:
+    """``distributed, rank, world = setup()`` where the project's ``setup`` returns the global
+    rank at that position; every one of the name's ``count`` bindings must be such an unpacking."""
+    owner: Scope | None = scope
+    while owner is not None and name not in owner.bindings:
+        owner = owner.parent
+    if owner is None:
+        return None
+    found: list[ast.Call] = []
+    for node in facts.scope_nodes.get(owner.node, []):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        for target in node.targets:
+            if not isinstance(target, (ast.Tuple, ast.List)):
+                continue
+            for index, item in enumerate(target.elts):
+                if not (isinstance(item, ast.Name) and item.id == name):
+                    continue
+                summaries = facts.summaries(node.value)
+                if not summaries or not all((index, "global") in s.rank_items for s in summaries):
+                    return None
+                found.append(node.value)
+    if not found or len(found) != count:
+        return None
+    call = found[-1]
+    return f"{name} from {ast.unparse(call)} (line {call.lineno}), which returns the global rank"
 
 
 def _environ_copy(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:

@@ -39,6 +39,8 @@ class Summary:
         local: That test reads the node-local rank (``return args.local_rank == 0``).
         single: It returns a test true only without a process group (``return rank == -1``).
         rank_value: It returns a rank: ``"global"`` (``dist.get_rank()``), ``"local"``.
+        rank_items: The positions of the tuple it returns that hold a rank, with which one
+            (``return True, dist.get_rank(), world`` → ``((1, "global"),)``).
         silences_print: It replaces ``builtins.print`` (or ``sys.stdout``), as DeiT's
             ``setup_for_distributed(is_master)`` does on the ranks other than 0.
         rank_logging: It chooses log handlers or levels by rank (Swin's ``create_logger``).
@@ -65,6 +67,7 @@ class Summary:
     local: bool = False
     single: bool = False
     rank_value: str | None = None
+    rank_items: tuple[tuple[int, str], ...] = ()
     silences_print: bool = False
     rank_logging: bool = False
     creates_group: str | None = None

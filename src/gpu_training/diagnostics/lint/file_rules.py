@@ -1,0 +1,89 @@
+"""The whole-file rules of ``gpu-training lint``, run once the walk of a file is done.
+
+:class:`~gpu_training.diagnostics.lint.checks.FileChecker` walks the statements and hands
+each call to the per-call rules; what needs the whole file (or what the walk collected from
+it) is decided here: ``GT002`` (a group created with no ``set_device`` anywhere), ``GT005``
+(epoch loops without ``set_epoch``), ``GT009`` (collectives left unpaired under a rank
+guard), ``GT011`` (a scaler that only meets bf16), ``GT019`` (bf16 parameters under Adam) and
+``GT015`` (no ``destroy_process_group``, through
+:mod:`~gpu_training.diagnostics.lint.teardown`).
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.checks import FileChecker
+    >>> from gpu_training.diagnostics.lint.project import Project
+    >>> project = Project()
+    >>> src = "import torch\\ntorch.cuda.amp.GradScaler()\\ntorch.autocast('cuda', torch.bfloat16)\\n"
+    >>> checker = FileChecker(project.add("t.py", ast.parse(src)), project)
+    >>> checker.settle()
+    >>> [(f.code, f.line) for f in checker.report()]
+    [('GT011', 2)]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.epoch_paths import reseeded_on_one_path
+from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch
+from gpu_training.diagnostics.lint.model import call_name
+from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
+from gpu_training.diagnostics.lint.ranks import unpaired_collectives
+from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
+
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint.checks import FileChecker
+
+__all__ = ["whole_file_rules"]
+
+_GROUP_INITS = ("init_process_group", "init_distributed")
+
+
+def whole_file_rules(checker: FileChecker) -> None:
+    """Report the whole-file rules of a walked file through ``checker.add``.
+
+    Args:
+        checker: The file's checker, after its reporting walk (its epoch loops and guarded
+            collectives are collected by that walk).
+    """
+    facts, imports, all_calls = checker.facts, checker.imports, checker.all_calls
+    summaries = checker.callee_summaries
+    inits = [c for c in all_calls if tail(call_name(c, imports)) in _GROUP_INITS]
+    direct = [c for c in all_calls if creates_plain_group(c, facts)]
+    pinned = (
+        bool(checker.tails & {"set_device", "set_device_index", "init_distributed"})
+        or any(keyword_arg(c, "device_id") is not None for c in direct)
+        or any(s.sets_device for s in summaries)
+    )
+    if direct and not pinned and checker.setup.default_cuda:
+        node, what = checker.setup.default_cuda[0]
+        checker.add(node, "GT002", f"{what} without set_device")
+    tails = checker.tails
+    if "train_one_epoch" in facts.functions or any(
+        facts.callees(c) for c in all_calls if tail(call_name(c, imports)) == "train_one_epoch"
+    ):
+        tails = tails - {"train_one_epoch"}  # the script's own, not the toolkit's
+    for loop in loops_without_set_epoch(
+        checker.epoch_loops, all_calls, tails, facts, imported=checker.unset_sampler
+    ):
+        checker.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
+    for loop in reseeded_on_one_path(facts):
+        checker.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
+    for scaler in scalers_with_bf16(all_calls, facts):
+        checker.add(scaler, "GT011", "every autocast it meets is bfloat16")
+    if "backward" in checker.tails or any(s.trains for s in summaries):
+        for optimizer, detail in bf16_adam(facts):  # not one built to load a checkpoint
+            checker.add(optimizer, "GT019", detail)
+    for guarded in unpaired_collectives(checker.guarded_collectives):
+        checker.add(guarded.call, "GT009", guarded.collective)
+    missing = missing_destroy(
+        facts,
+        inits,
+        trains=checker.trains,
+        summaries=summaries,
+        ranks=checker.ranks,
+        helper_module=bool(checker.external_sites),
+    )
+    if missing is not None:
+        checker.add(missing[0], "GT015", missing[1])
