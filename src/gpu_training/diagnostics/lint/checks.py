@@ -55,6 +55,7 @@ from gpu_training.diagnostics.lint.context import (
     none_tested,
     terminates,
 )
+from gpu_training.diagnostics.lint.device_switch import one_process_side
 from gpu_training.diagnostics.lint.epochs import (
     hands_loader_on,
     iterates_loader,
@@ -385,8 +386,11 @@ class FileChecker:
         if kind is None:
             single = replace(optional, rank0=True, local_only=False, guard="one process")
             negated = self._negations.setdefault(stmt, ast.UnaryOp(op=ast.Not(), operand=stmt.test))
-            lone_body = single_process(self.facts, stmt.test, scope)
-            lone_else = not lone_body and single_process(self.facts, negated, scope)
+            side = one_process_side(self.facts, stmt, scope)  # `.to(local_rank)` / `.to("cuda:0")`
+            lone_body = side == "body" or single_process(self.facts, stmt.test, scope)
+            lone_else = not lone_body and (
+                side == "else" or single_process(self.facts, negated, scope)
+            )
             # `if args.distributed: ... else: print(...)`: the else runs without ranks
             self._stmts(stmt.body, single if lone_body else optional, scope, branch=True)
             self._stmts(

@@ -73,11 +73,18 @@ def hands_loader_on(
 
 
 def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
-    """Whether a ``for`` loop's iterable is a data loader (through ``enumerate``, ``tqdm``…)."""
+    """Whether a ``for`` loop's iterable is a data loader (through ``enumerate``, ``tqdm``…,
+    and a name bound to one of those: ``pbar = tqdm(loader)``)."""
     expr = _loop_source(expr)
-    if "loader" in facts.kinds(expr, scope):
+    if "loader" in facts.kinds(expr, scope) or "loader" in tail(dotted(expr)).lower():
         return True
-    return "loader" in tail(dotted(expr)).lower()
+    key = dotted(expr) if isinstance(expr, ast.Name) else None
+    wrapped = [
+        v
+        for v in (facts.lookup(key, scope, (expr.lineno, expr.col_offset)) if key else [])
+        if isinstance(v, ast.Call) and v.args and tail(dotted(v.func)) in _WRAPPERS
+    ]
+    return any(iterates_loader(v, scope, facts) for v in wrapped)
 
 
 def unset_shuffling_sampler(

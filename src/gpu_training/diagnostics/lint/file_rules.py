@@ -64,8 +64,10 @@ def whole_file_rules(checker: FileChecker) -> None:
         facts.callees(c) for c in all_calls if tail(call_name(c, imports)) == "train_one_epoch"
     ):
         tails = tails - {"train_one_epoch"}  # the script's own, not the toolkit's
+    # a file with no process group in sight (a UI whose distributed option is never set up)
+    loops = checker.epoch_loops if checker.distributed else []
     for loop in loops_without_set_epoch(
-        checker.epoch_loops, all_calls, tails, facts, imported=checker.unset_sampler
+        loops, all_calls, tails, facts, imported=checker.unset_sampler
     ):
         checker.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
     for loop in reseeded_on_one_path(facts):

@@ -40,6 +40,7 @@ from gpu_training.diagnostics.lint.locality import (
     rank_zero_decorator,
 )
 from gpu_training.diagnostics.lint.model import (
+    RANK_ATTRS,
     RANK_CALLS,
     ModuleFacts,
     Scope,
@@ -465,6 +466,8 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
         name = _tail(dotted(expr)).lower()
         if "rank" in name and not FLAG_NAMES.match(name):
             return not _boolean(facts, expr, scope)  # `self.negative_all_rank`: a switch
+        if name in RANK_ATTRS:
+            return True  # `accelerator.local_process_index`: Accelerate's rank under its own name
         key = dotted(expr)
         if key is None or (isinstance(expr, ast.Attribute) and not key.startswith("self.")):
             return False

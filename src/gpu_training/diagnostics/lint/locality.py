@@ -20,7 +20,14 @@ from __future__ import annotations
 import ast
 import re
 
-from gpu_training.diagnostics.lint.model import RANK_CALLS, ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.model import (
+    RANK_ATTRS,
+    RANK_CALLS,
+    ModuleFacts,
+    Scope,
+    call_name,
+    dotted,
+)
 
 __all__ = ["FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
 
@@ -126,7 +133,7 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
     name = _tail(dotted(node)).lower()
     if not name:
         return None
-    is_rankish = "rank" in name or FLAG_NAMES.match(name) is not None
+    is_rankish = "rank" in name or name in RANK_ATTRS or FLAG_NAMES.match(name) is not None
     if is_rankish and _LOCAL_NAME.search(name):
         return "local"
     key = dotted(node)

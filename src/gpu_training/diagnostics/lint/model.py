@@ -34,16 +34,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.summary import FuncRef, Resolver, Summary
 
-__all__ = [
-    "RANK_CALLS",
-    "Imports",
-    "ModuleFacts",
-    "Scope",
-    "call_name",
-    "dotted",
-    "iter_scope_nodes",
-    "mentions_rank",
-]
+__all__ = ["RANK_ATTRS", "RANK_CALLS", "Imports", "ModuleFacts", "Scope", "call_name", "dotted"]
+__all__ += ["iter_scope_nodes", "mentions_rank"]
 
 
 _Pos = tuple[int, int]
@@ -87,7 +79,7 @@ _CALL_KINDS: dict[str, str] = {
 _PASSTHROUGH_METHODS = frozenset(
     {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_"}
 )
-_RANK_ATTRS = frozenset({"process_index", "local_process_index"})  # Accelerate's ranks
+RANK_ATTRS = frozenset({"process_index", "local_process_index"})  # Accelerate's ranks
 _RANK_ENV = frozenset({"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "PMI_RANK"})
 RANK_CALLS = frozenset({"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank"})
 
@@ -586,7 +578,7 @@ def mentions_rank(expr: ast.AST, imports: Imports) -> bool:
         if isinstance(node, (ast.Name, ast.Attribute)):
             name = dotted(node)
             last = _tail(name).lower()
-            if "rank" in last or last in _RANK_ATTRS:
+            if "rank" in last or last in RANK_ATTRS:
                 return True
         elif isinstance(node, ast.Call):
             if _tail(call_name(node, imports)) in RANK_CALLS:

@@ -214,12 +214,45 @@ class Project:
             return [(facts, f) for f in local]
         found: list[FuncRef] = []
         for value in facts.instance_values(receiver):  # `t = Trainer(...)`, Trainer imported
-            if isinstance(value.func, ast.Name) and value.func.id in facts.imports.origins:
-                found += [
-                    ref
-                    for ref in self._imported(facts, value.func.id, [func.attr], 0)
-                    if ref[1].name == func.attr  # a method of an imported class
-                ]
+            maker = dotted(value.func)
+            head, *path = maker.split(".") if maker else [""]
+            if head not in facts.imports.origins or facts.module_scope.bindings.get(head):
+                continue
+            found += [  # a method of an imported class (`utils.TrainState(...)` alike)
+                ref
+                for ref in self._imported(facts, head, [*path, func.attr], 0)
+                if ref[1].name == func.attr
+            ]
+            if path:  # `state = utils.make_state(...)`: the class the function returns
+                makers = self._imported(facts, head, path, 0)
+                found += self._returned_methods(makers, func.attr)
+        return found
+
+    def _returned_methods(self, makers: list[FuncRef], method: str) -> list[FuncRef]:
+        """The ``method`` of the classes these project functions return an instance of, in
+        their own module (``return TrainState(model, optimizer)``)."""
+        found: list[FuncRef] = []
+        for owner, func in makers:
+            nodes = owner.scope_nodes.get(func, [])
+            returned = {
+                n.value.id
+                for n in nodes
+                if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)
+            }
+            for node in nodes:  # `return TrainState(...)`, or `state = TrainState(...)` returned
+                made = node.value if isinstance(node, (ast.Return, ast.Assign)) else None
+                if isinstance(node, ast.Assign) and not any(
+                    isinstance(t, ast.Name) and t.id in returned for t in node.targets
+                ):
+                    continue
+                if isinstance(made, ast.Call) and isinstance(made.func, ast.Name):
+                    cls = owner.toplevel.get(made.func.id)
+                    found += [
+                        (owner, n)
+                        for n in (cls.body if isinstance(cls, ast.ClassDef) else [])
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and n.name == method
+                    ]
         return found
 
     def _imported(
