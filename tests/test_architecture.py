@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "checkpoint",
             "resume",
             "reporting",
+            "log_window",
             "trackers",
             "evaluation",
         ),

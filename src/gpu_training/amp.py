@@ -55,6 +55,7 @@ Precision = Literal["fp32", "fp16", "bf16"]
 
 _DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _KNOWN = ("auto", "fp32", "fp16", "bf16")
+_NO_AUTOCAST: contextlib.AbstractContextManager[None] = contextlib.nullcontext()  # reusable
 
 
 def should_step(micro_step: int, grad_accum_steps: int) -> bool:
@@ -325,10 +326,11 @@ class MixedPrecisionStepper:
         self.grad_accum_steps = grad_accum_steps
         self.max_grad_norm = max_grad_norm
         self._dtype = autocast_dtype(self.precision)
-        # Disabled scaler (bf16/fp32): scale() is the identity, so one code path serves all.
+        # Disabled for bf16/fp32 (its state still checkpointed): its calls are no-ops, skipped.
         self._scaler = torch.amp.GradScaler(
             self.device.type, enabled=needs_grad_scaler(self.precision)
         )
+        self._scaling = self._scaler.is_enabled()  # else its calls are skipped: each is a no-op
         self.skipped_steps = 0
         self.last_step_skipped = False
         self.max_nonfinite_steps = max_nonfinite_steps
@@ -355,18 +357,25 @@ class MixedPrecisionStepper:
         if self._unread is not None:
             self._drop_unread()
         if self._dtype is None:
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         return torch.autocast(device_type=self.device.type, dtype=self._dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Divide by the accumulation steps, scale (fp16), and backpropagate."""
+    def backward(self, loss: torch.Tensor) -> torch.Tensor | None:
+        """Divide by the accumulation steps, scale (fp16), and backpropagate.
+
+        Returns ``loss`` detached when the NaN guard keeps it (a loop may keep the same
+        tensor instead of detaching it again), else None.
+        """
         if self._unread is not None:
             self._drop_unread()
+        kept = None
         if self._guard is not None:  # kept, looked at only on a skip
-            self._guard.record_loss(loss)
+            kept = loss.detach()
+            self._guard.record_loss(kept)
         if self.grad_accum_steps > 1:  # x / 1 is x, but costs an op and an autograd node
             loss = loss / self.grad_accum_steps
-        self._scaler.scale(loss).backward()
+        (self._scaler.scale(loss) if self._scaling else loss).backward()
+        return kept
 
     def step(
         self,
@@ -422,8 +431,8 @@ class MixedPrecisionStepper:
         """
         if not should_step(micro_step, self.grad_accum_steps):
             return None
-        # Unscale before clip: clipping scaled grads (×2¹⁶) would not clip at all.
-        self._scaler.unscale_(self.optimizer)
+        if self._scaling:  # unscale before clip: clipping scaled grads would not clip at all
+            self._scaler.unscale_(self.optimizer)
         value: torch.Tensor | None = None
         owners: list[torch.nn.Parameter] = []
         grads: list[torch.Tensor] = []
@@ -447,7 +456,7 @@ class MixedPrecisionStepper:
             if self.max_grad_norm is not None:
                 owners = list(params)  # those with a gradient (clipping filtered them)
                 grads = [p.grad for p in owners if p.grad is not None]
-            if not self._scaler.is_enabled() and defers_on_device(self.optimizer, grads):
+            if not self._scaling and defers_on_device(self.optimizer, grads):
                 found_inf = guard.defer(value, grads, owners)
             else:
                 nonfinite = guard.nonfinite_now(value, grads, owners)
@@ -457,7 +466,7 @@ class MixedPrecisionStepper:
                 else:
                     guard.forget_losses()
         pending = None if value is not None else GradNorm._unmeasured(params, owners, grads, False)
-        scale_before = self._scaler.get_scale() if self._scaler.is_enabled() else None
+        scale_before = self._scaler.get_scale() if self._scaling else None
         if found_inf is not None:  # the fused kernel skips the update on the device
             self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]
             self.optimizer.grad_scale = None  # type: ignore[attr-defined]
@@ -466,8 +475,11 @@ class MixedPrecisionStepper:
             finally:
                 self.optimizer.found_inf = None  # type: ignore[attr-defined]
             skipped = False  # known at the next step (settle)
-        elif nonfinite and not self._scaler.is_enabled():
+        elif nonfinite and not self._scaling:
             skipped = True  # bf16/fp32: nothing else would have stopped this step
+        elif not self._scaling:
+            self.optimizer.step()  # what the disabled scaler's step() calls; update() is a no-op
+            skipped = False
         else:
             self._scaler.step(self.optimizer)  # skips the step when a gradient is inf/NaN
             self._scaler.update()

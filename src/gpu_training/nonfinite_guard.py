@@ -94,7 +94,7 @@ class NonFiniteGuard:
 
     def record_loss(self, loss: torch.Tensor) -> None:
         """Keep a micro-batch's loss (no device op: it is looked at only on a skip)."""
-        self._losses.append(loss.detach())
+        self._losses.append(loss.detach() if loss.requires_grad else loss)
 
     def losses_bad(self) -> torch.Tensor:
         """Whether any recorded loss of this step is non-finite, as a 0-d bool tensor; the

@@ -81,7 +81,7 @@ class StepFns:
 
     ``sync(micro_step)`` wraps forward and backward (DDP/FSDP skip the gradient sync off the
     accumulation boundary), ``autocast()`` wraps the forward pass, ``backward(loss)`` takes
-    the micro-batch's loss (division by the accumulation steps happens inside), and
+    the micro-batch's loss (division by the accumulation steps happens inside; it may return the loss detached, to keep), and
     ``step(micro_step)`` steps the optimizer on a boundary, returning the gradient norm
     before clipping, or None off a boundary. ``step_async`` does the same and returns the
     norm as a :class:`~gpu_training.amp.GradNorm` without waiting for the device, measured
@@ -90,7 +90,7 @@ class StepFns:
 
     sync: Callable[[int], contextlib.AbstractContextManager[Any]]
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
-    backward: Callable[[torch.Tensor], None]
+    backward: Callable[[torch.Tensor], torch.Tensor | None]
     step: Callable[[int], float | None]
     step_async: Callable[[int], GradNorm | None]
 
@@ -218,8 +218,8 @@ def train_step(
                 loss = output[0] * global_scale(total_count, accumulation, ctx.world_size)
             else:
                 loss = output
-            steps.backward(loss)
-        losses.append(loss.detach())
+            kept = steps.backward(loss)  # the stepper's NaN guard detached it already
+        losses.append(loss.detach() if kept is None else kept)
         if micro == accumulation - 1:
             telemetry.optimizer_started()
         norm = steps.step_async(micro)

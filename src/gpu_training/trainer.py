@@ -48,6 +48,7 @@ from gpu_training.ddp import (
 )
 from gpu_training.evaluation import EvalShard, eval_shard, evaluate
 from gpu_training.job import JobConfig
+from gpu_training.log_window import LogWindow, guarded_skips, mean_finite
 from gpu_training.nonfinite import skipped_now
 from gpu_training.preemption import PreemptionHandler
 from gpu_training.reporting import (
@@ -109,15 +110,6 @@ class Callback(Protocol):
     def on_train_end(self, trainer: Trainer, summary: dict[str, float]) -> None: ...
 
 
-def _mean_finite(norms: list[torch.Tensor]) -> float:
-    """Mean of the finite gradient norms of a log window (one host sync for all of them)."""
-    if not norms:
-        return 0.0
-    values = torch.stack(norms).double().cpu()  # one step function: one device for all
-    finite = values[torch.isfinite(values)]
-    return float(finite.mean()) if finite.numel() else 0.0  # every step overflowed (fp16)
-
-
 @dataclass
 class _Run:
     """What one run's step loop, checkpoints and resume share (built by ``Trainer._setup``)."""
@@ -144,18 +136,6 @@ class _Run:
     def amp(self) -> MixedPrecisionStepper | None:
         """None under DeepSpeed (the engine owns precision and clipping)."""
         return self.prepared.stepper
-
-
-@dataclass
-class _Window:
-    """What the loop keeps between log steps, and across the run."""
-
-    start_step: int
-    last_saved: int
-    losses: list[torch.Tensor] = field(default_factory=list)
-    """Device-side micro-batch losses of the log window: one host sync per window."""
-    norms: list[torch.Tensor] = field(default_factory=list)
-    first_loss: float = math.nan
 
 
 class Trainer:
@@ -280,7 +260,7 @@ class Trainer:
         self._announce(run, step, writer)
         self._emit("on_train_start")
         started = time.perf_counter()
-        window = _Window(start_step=step, last_saved=step)
+        window = LogWindow(start_step=step, last_saved=step, skipped_before=guarded_skips(run.amp))
         try:
             step = self._loop(run, writer, window, step)
         finally:
@@ -362,7 +342,7 @@ class Trainer:
             telemetry=telemetry,
         )
 
-    def _loop(self, run: _Run, writer: MetricsWriter, window: _Window, step: int) -> int:
+    def _loop(self, run: _Run, writer: MetricsWriter, window: LogWindow, step: int) -> int:
         """Optimizer steps until the end of the run or a preemption; returns the last step."""
         ctx, cfg, task, tp = self.ctx, run.cfg, run.task, self.job.strategy.tensor_parallel
         meter = ThroughputMeter(  # a TP group's ranks share its samples and their FLOPs
@@ -377,51 +357,59 @@ class Trainer:
         samples = cfg.per_device_batch_size * cfg.gradient_accumulation_steps  # a rank's, a step
         timeout, on_stall = self.job.run.stall_timeout, run.telemetry.stalled  # its verdict too
         out = self.job.run.output_dir
+        # Read once: the step below runs every few hundred µs on a tiny model.
+        log_every, every, total = self.job.run.log_every, self.job.checkpoint.every, run.total
+        eval_every = self.job.run.eval_every if run.val is not None else 0
+        model, steps, amp, tel = run.prepared.model, run.prepared.steps, run.amp, run.telemetry
+        dp_ctx, tokens = data_parallel_context(ctx, tp), samples * (task.tokens_per_sample or 0)
+        cadence = self._cadence
         with (
             PreemptionHandler(ctx=ctx) as preemption,
-            progress_bar(run.total, step, enabled=self._shows_progress) as advance,
+            progress_bar(total, step, enabled=self._shows_progress) as advance,
             StallWatchdog(timeout, ctx=ctx, on_stall=on_stall, dump_dir=out)  # the field,
             if timeout is not None  # else GPU_TRAINING_STALL_TIMEOUT, else none
             else StallWatchdog.from_env(ctx, on_stall=on_stall, dump_dir=out) as watchdog,
         ):
             meter.start()
-            while step < run.total and not self.state.preempted:
-                loader = run.telemetry.batches(run.loader)  # each request timed as data wait
+            while step < total and not self.state.preempted:
+                loader = tel.batches(run.loader)  # each request timed as data wait
                 for batches in step_batches(loader, cfg.gradient_accumulation_steps):
                     norm, micro_losses = train_step(
                         batches,
-                        run.prepared.model,
+                        model,
                         loss_fn,
-                        run.prepared.steps,
-                        ctx=data_parallel_context(ctx, tp),
+                        steps,
+                        ctx=dp_ctx,
                         device=run.device,
                         seed=cfg.seed,
                         step=step,
                         count_fn=count_fn,
                         check_counts=step == window.start_step,
-                        telemetry=run.telemetry,
+                        telemetry=tel,
                     )
                     if norm is None:  # pragma: no cover - every step_async steps at A
                         raise RuntimeError("the strategy did not step at the last micro-batch")
-                    n, job = step + 1, self.job  # NaN flags left on a GPU: read where it syncs
-                    settle = n % job.run.log_every == 0 or n % job.checkpoint.every == 0
-                    warning = nonfinite_warning(run.amp, n, settle=settle or n == run.total)
+                    step += 1  # NaN flags left on a GPU: read where it syncs (log, save, end)
+                    settle = step % log_every == 0 or step % every == 0 or step == total
+                    bad = settle or (amp is not None and amp.last_nonfinite is not None)
+                    warning = nonfinite_warning(amp, step, settle=settle) if bad else None
                     if warning:
                         self.print(warning)
-                    if not skipped_now(run.amp):  # a skipped step's NaN loss stays out of the mean
-                        window.losses += micro_losses
+                    if warning is None or not skipped_now(amp):  # a skipped step's NaN loss
+                        window.losses += micro_losses  # stays out of the mean
                     run.scheduler.step()
-                    step += 1
                     self.state.step = step
                     watchdog.tick(step)
                     advance()
-                    log_step = step % self.job.run.log_every == 0 or step == run.total
                     # Clipping measures every step's norm anyway; without it only the
                     # log step's is measured (read before the next forward).
-                    if warning is None and (norm.computed or log_step):
+                    if warning is None and (
+                        norm.computed or step % log_every == 0 or step == total
+                    ):
                         window.norms.append(norm.tensor())
-                    meter.update(samples, samples * (task.tokens_per_sample or 0))
-                    if self._cadence(run, writer, window, meter, watchdog, preemption, step):
+                    meter.update(samples, tokens)
+                    due = settle or (eval_every and step % eval_every == 0)  # else nothing to do
+                    if due and cadence(run, writer, window, meter, watchdog, preemption, step):
                         break
                 else:
                     run.sampler.set_epoch(run.sampler.epoch + 1)
@@ -433,7 +421,7 @@ class Trainer:
         self,
         run: _Run,
         writer: MetricsWriter,
-        window: _Window,
+        window: LogWindow,
         meter: ThroughputMeter,
         watchdog: StallWatchdog,
         preemption: PreemptionHandler,
@@ -455,6 +443,8 @@ class Trainer:
         # A collective: at log steps only, the same on every rank (a scheduler warns in time).
         stop = step % job.run.log_every == 0 and preemption.should_stop()
         if step % job.checkpoint.every == 0 or step == run.total or stop:
+            writer.flush()  # what was logged up to a checkpoint is on disk before it commits
+            run.telemetry.flush()
             path = self._save(run, step)
             watchdog.tick(step)
             window.last_saved = step
@@ -470,31 +460,30 @@ class Trainer:
         self,
         run: _Run,
         writer: MetricsWriter,
-        window: _Window,
+        window: LogWindow,
         meter: ThroughputMeter,
         step: int,
     ) -> None:
         """The log window's metrics, reduced over the ranks: written, printed, emitted."""
-        losses = torch.stack(window.losses).double() if window.losses else torch.ones(0)
-        if run.amp is not None and run.amp.max_nonfinite_steps is not None:
-            losses = losses[losses.isfinite()]  # a step skipped a step later: out of the mean
-        window_loss = losses.mean() if losses.numel() else torch.tensor(math.nan)  # all skipped
-        metrics = reduce_scalar_dict({"loss": window_loss}, self.ctx)
+        skips = guarded_skips(run.amp)  # a skip in the window: non-finite losses left out
+        metrics = reduce_scalar_dict({"loss": window.loss(skips)}, self.ctx)
         metrics.update(
             lr=float(run.scheduler.get_last_lr()[0]),
-            grad_norm=_mean_finite(window.norms),
+            grad_norm=mean_finite(window.norms),
             skipped_steps=float(run.amp.skipped_steps if run.amp else 0),
         )
         metrics.update(meter.compute().to_metrics())
         if math.isnan(window.first_loss):
             window.first_loss = metrics["loss"]
         self.state.last_metrics = metrics
-        writer.write("train", step, metrics)
-        self.print(log_line(step, run.total, metrics))
+        due = window.clock.due()  # lines buffered, written a second apart (and at saves)
+        writer.write("train", step, metrics, flush=due)
+        if self.ctx.is_main_process and not self.quiet:
+            self.print(log_line(step, run.total, metrics))
         self._emit("on_log", metrics)
-        run.telemetry.flush()  # this rank's records of the window, in its own file
-        window.losses.clear()
-        window.norms.clear()
+        if due:
+            run.telemetry.flush()  # this rank's records since the last write, in its own file
+        window.clear(skips)
 
     # --- pieces of the run --------------------------------------------------------------
 

@@ -11,9 +11,11 @@ the collective and, through its future, when it completes.
 
 Nothing here waits for the device or adds a collective: a mark is one ``perf_counter`` call
 (a collective's, a list append too), a step's record is a tuple built when the next step
-starts, and the lines are written at log steps (where the Trainer already syncs), appended
-to this rank's own file (:func:`rank_file`) and flushed, so they survive a crash of the job. The times are the host's: on CPU ranks they are the
-work's, on GPUs the host's view of it (see docs/troubleshooting.md, "A rank is slow").
+starts, and the lines are written at log steps (where the Trainer already syncs) at least a
+second apart and before each checkpoint, appended to this rank's own file
+(:func:`rank_file`) and flushed, so a crash of the job loses at most about a second of them.
+The times are the host's: on CPU ranks they are the work's, on GPUs the host's view of it
+(see docs/troubleshooting.md, "A rank is slow").
 
 Example:
     >>> import tempfile, time
@@ -292,7 +294,8 @@ class RankTelemetry(TelemetryOff):
         return self._rss.bytes(), "rss"
 
     def flush(self) -> None:
-        """Writes the steps closed since the last flush (the Trainer calls it at log steps)."""
+        """Writes the steps closed since the last flush (the Trainer calls it at log steps a
+        second apart, and before a checkpoint)."""
         if not self._done or self._closed:
             return
         memory, kind = self._memory()
@@ -306,7 +309,9 @@ class RankTelemetry(TelemetryOff):
         self._write([{"kind": kind, "time": time.time(), **values}])
 
     def stalled(self, report: Any) -> None:
-        """Records the watchdog's verdict at once (its ``on_stall``: a :class:`StallReport`)."""
+        """Records the watchdog's verdict at once (its ``on_stall``: a :class:`StallReport`),
+        after the steps closed but not yet written (the process may end right after)."""
+        self.flush()
         self.note(
             "stall", message=report.message, culprits=list(report.culprits), step=report.last_step
         )

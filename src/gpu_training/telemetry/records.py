@@ -2,9 +2,10 @@
 
 Every rank appends its own JSON lines to ``<run dir>/telemetry/rank<N>.jsonl``
 (:func:`rank_file`): one ``start`` record when a run (or a resumed run) begins, then one
-``step`` record per optimizer step (:class:`StepRecord`), written in batches at each log
-step. A file per rank needs no collective and no shared writer, so a rank that hangs or dies
-still leaves every window it finished on disk; a resumed run appends to the same files (the
+``step`` record per optimizer step (:class:`StepRecord`), written in batches at log steps a
+second apart and before each checkpoint. A file per rank needs no collective and no shared
+writer, so a rank that dies leaves all but its last second or so on disk; a resumed run
+appends to the same files (the
 reader keeps the newest record of a step). No torch here: ``gpu-training watch`` reads these
 files without joining the job.
 
@@ -84,7 +85,7 @@ class StepRecord:
     optimizer_ms: float = 0.0
     checkpoint_ms: float = 0.0
     memory_bytes: int | None = None
-    """CUDA: peak allocated since the last log step; CPU: resident set size at the log step."""
+    """CUDA: peak allocated, read when the line was written; CPU: resident set size then."""
     memory_kind: str = ""
     """``cuda_peak`` or ``rss``."""
     time: float = 0.0
