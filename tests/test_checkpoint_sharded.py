@@ -485,9 +485,9 @@ def test_newest_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path: Path) -> 
 
 
 def test_a_refused_load_leaves_the_model_and_optimizer_untouched(tmp_path: Path) -> None:
-    """DCP reads a checkpoint beside its checksums, into staging: a byte flipped in the tensor
-    data (which DCP itself reads without complaint) is refused, and not one weight or moment
-    of the target changed (loading into the live tensors during the checksums fails this)."""
+    """A byte flipped in the tensor data (which DCP itself reads without complaint) is refused,
+    and not one weight or moment of the target changed: a load that overlapped DCP's read into
+    the live tensors with the checksums would fail this."""
     model, opt = _trained_plain()
     ckpt = CheckpointManager(tmp_path, ctx=SINGLE)
     ckpt.save_sharded(model, opt, 1)

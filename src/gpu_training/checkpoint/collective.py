@@ -66,7 +66,7 @@ from gpu_training.checkpoint.safe_load import check_loads_back
 from gpu_training.checkpoint.zip_crc import without_zip_crc32
 from gpu_training.ddp import DistributedContext
 
-__all__ = ["check_plain", "choose_verified", "read_while_verifying", "save_directory"]
+__all__ = ["check_plain", "choose_verified", "save_directory"]
 
 # DCP names rank r's files "__r_<n>.distcp"; DeepSpeed "[bf16_]zero_pp_rank_r_mp_rank_00_*.pt"
 _RANK_FILE_RE = re.compile(r"__(\d+)_|zero_pp_rank_(\d+)_")
@@ -304,43 +304,18 @@ def _read_ahead_share(
     return out
 
 
-def _local_problems(ctx: DistributedContext, path: Path, manifest: dict[str, Any]) -> list[str]:
-    """What this rank's share of ``path``'s files shows wrong (no collective)."""
+def _verify_shared(ctx: DistributedContext, path: Path, manifest: dict[str, Any]) -> list[str]:
+    """Checksums ``path``'s files, each rank a share of them; every rank gets all problems."""
     problems: list[str] = []
-    for name, start, length in _read_ahead_share(manifest["files"], ctx):
-        read_ahead(path / name, start, length)
-    for entry in _checksum_share(manifest["files"], ctx):
-        problem = entry_problem(path, entry, checksums=True)
-        if problem is not None:
-            problems.append(problem)
-    return problems
-
-
-def _verify_shared(
-    ctx: DistributedContext,
-    path: Path,
-    manifest: dict[str, Any],
-    during: Callable[[], Any] | None = None,
-) -> tuple[list[str], Attempt, Any]:
-    """Checksums ``path``'s files, each rank a share of them; every rank gets all problems.
-
-    With ``during``, this rank's share is hashed on a thread while ``during()`` runs here
-    (collectives included: the thread makes none); returns ``(problems, attempt, value)``,
-    the attempt holding what ``during`` raised, not yet settled.
-    """
-    problems: list[str] = []
-    reading, value = Attempt(), None
     with Attempt() as check:
-        if during is None:
-            problems = _local_problems(ctx, path, manifest)
-        else:
-            with ThreadPoolExecutor(1, thread_name_prefix="gpu-training-verify") as pool:
-                hashing = pool.submit(_local_problems, ctx, path, manifest)
-                with reading:
-                    value = during()
-                problems = hashing.result()
+        for name, start, length in _read_ahead_share(manifest["files"], ctx):
+            read_ahead(path / name, start, length)
+        for entry in _checksum_share(manifest["files"], ctx):
+            problem = entry_problem(path, entry, checksums=True)
+            if problem is not None:
+                problems.append(problem)
     every = settle(ctx, check, f"could not verify {path}", problems)
-    return [p for rank_problems in every for p in rank_problems], reading, value
+    return [p for rank_problems in every for p in rank_problems]
 
 
 def _candidates(
@@ -373,21 +348,6 @@ def _candidates(
     return found_dirs
 
 
-def _agreed_candidates(
-    store: CheckpointDirectory,
-    ctx: DistributedContext,
-    path_or_step: PathOrStep | None,
-    fmt: CheckpointFormat,
-) -> dict[Path, dict[str, Any]]:
-    """Rank 0's candidates (step dir -> manifest, newest first), the same on every rank."""
-    what = f"could not load a {fmt.title} checkpoint from {store.root}"
-    candidates: list[tuple[Path, dict[str, Any]]] = []
-    with Attempt() as find:
-        if ctx.is_main_process:
-            candidates = _candidates(store, path_or_step, fmt)
-    return dict(settle(ctx, find, what, candidates)[0])
-
-
 def choose_verified(
     store: CheckpointDirectory,
     ctx: DistributedContext,
@@ -412,60 +372,24 @@ def choose_verified(
         CheckpointError: On every rank, if there is none, or the one asked for is damaged
             or of another format.
     """
-    return read_while_verifying(store, ctx, path_or_step, fmt, None, stacklevel=5)[0]
-
-
-def read_while_verifying(
-    store: CheckpointDirectory,
-    ctx: DistributedContext,
-    path_or_step: PathOrStep | None,
-    fmt: CheckpointFormat,
-    read: Callable[[Path], Any] | None,
-    *,
-    stacklevel: int = 4,
-) -> tuple[Path, Any]:
-    """:func:`choose_verified`, with ``read(step_dir)`` run while the files are checksummed.
-
-    The checksums are the slow part of a load (a cold read of every byte); ``read`` runs
-    beside them on every rank, so that the two overlap. ``read`` must leave the job's state
-    untouched (it fills staging that the caller puts in place afterwards) and call the same
-    collectives on every rank, settling its own failures before any of them. Its value is
-    returned only for the checkpoint that verified: what it raised on a checkpoint that did
-    not verify is dropped (the verification names what is wrong), and on one that verified
-    it is raised on every rank.
-
-    Args:
-        store, ctx, path_or_step, fmt: As :func:`choose_verified`.
-        read: What to run beside each candidate's checksums, or None.
-        stacklevel: For the warning about skipped checkpoints, counted from the caller.
-
-    Returns:
-        ``(step_dir, read's value)``, the same step directory on every rank; the value is
-        None without ``read``.
-
-    Raises:
-        CheckpointError: As :func:`choose_verified`; or what ``read`` raised, on every rank.
-    """
-    manifests = _agreed_candidates(store, ctx, path_or_step, fmt)
-    values: dict[Path, Any] = {}
+    what = f"could not load a {fmt.title} checkpoint from {store.root}"
+    candidates: list[tuple[Path, dict[str, Any]]] = []
+    with Attempt() as find:
+        if ctx.is_main_process:
+            candidates = _candidates(store, path_or_step, fmt)
+    candidates = settle(ctx, find, what, candidates)[0]
+    manifests = dict(candidates)
 
     def problems_of(path: Path) -> list[str]:
-        during = None if read is None else (lambda: read(path))
-        problems, reading, value = _verify_shared(ctx, path, manifests[path], during)
-        if reading.interrupt is not None:  # e.g. KeyboardInterrupt: not a failed read
-            raise reading.interrupt
+        problems = _verify_shared(ctx, path, manifests[path])
         if problems and path_or_step is not None:
             raise CheckpointError(f"refusing to load {path}: " + "; ".join(problems))
-        if not problems:
-            settle(ctx, reading, f"could not load {path}")  # verified: its read must hold
-            values[path] = value
         return problems
 
-    chosen = store.newest_verified(
-        list(manifests),
+    return store.newest_verified(
+        [path for path, _ in candidates],
         problems_of,
         nothing=f"no valid {fmt.name!r} checkpoint in {store.root}",
         warn=ctx.is_main_process,  # the same warning once, from rank 0
-        stacklevel=stacklevel,
+        stacklevel=4,
     )
-    return chosen, values[chosen]

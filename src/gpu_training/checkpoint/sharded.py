@@ -52,7 +52,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -64,10 +64,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from torch.utils._pytree import tree_map_only
 
 from gpu_training.checkpoint.attempt import Attempt, settle, uses_process_group
-from gpu_training.checkpoint.collective import check_plain, read_while_verifying, save_directory
+from gpu_training.checkpoint.collective import check_plain, choose_verified, save_directory
 from gpu_training.checkpoint.dcp_mapped import MappedReader
 from gpu_training.checkpoint.dcp_read import SafeLoadPlanner, check_dcp_storage, load_everything
 from gpu_training.checkpoint.directory import CheckpointDirectory, PathOrStep
@@ -109,14 +108,6 @@ def _training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -
         )
     model_state, optim_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optim": optim_state}
-
-
-def _staging(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with a fresh tensor of the same kind (a DTensor's placement too) per tensor."""
-    return cast(
-        "dict[str, Any]",
-        tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, requires_grad=False), state),
-    )
 
 
 def _plain_leaves(obj: Any) -> Iterator[Any]:
@@ -221,27 +212,25 @@ def load_sharded(
             plain checkpoint, does not match the model or optimizer, or any rank failed.
     """
     uses_process_group(ctx)
-
-    def read(step_dir: Path) -> dict[str, Any]:
-        # Beside the checksums, into staging: no weight is touched before every file verified.
-        staging: dict[str, Any] = {}
-        with Attempt() as prepare:
-            # the index must read only files the manifest vouches for, and hold plain values only
-            manifest = json.loads((step_dir / MANIFEST_NAME).read_text())
-            check_dcp_storage(step_dir, [str(e["name"]) for e in manifest["files"]])
-            staging = _staging(_training_state(model, optimizer))
-        settle(ctx, prepare, f"could not load {step_dir}")  # before dcp.load's collectives
-        with _quiet_single_process(), weights_only_loads():
-            dcp.load(staging, storage_reader=MappedReader(step_dir), planner=SafeLoadPlanner())
-        return staging
-
-    chosen, state = read_while_verifying(store, ctx, path_or_step, SHARDED, read)
+    chosen = choose_verified(store, ctx, path_or_step, SHARDED)
     what = f"could not load {chosen}"
+
+    state: dict[str, Any] = {}
+    with Attempt() as prepare:
+        # the index must read only files the manifest vouches for, and hold plain values only
+        manifest = json.loads((chosen / MANIFEST_NAME).read_text())
+        check_dcp_storage(chosen, [str(e["name"]) for e in manifest["files"]])
+        state = _training_state(model, optimizer)
+    settle(ctx, prepare, what)  # before dcp.load: its collectives need every rank
+
     extra: dict[str, Any] = {}
     with Attempt() as load:
+        with _quiet_single_process(), weights_only_loads():
+            # the files were just read and hashed: mapped, their pages are copied once
+            dcp.load(state, storage_reader=MappedReader(chosen), planner=SafeLoadPlanner())
         if optimizer is None:
             set_model_state_dict(model, state["model"])
-        else:  # the moments are taken as they are (no copy), the weights copied in
+        else:
             set_state_dict(
                 model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
             )
