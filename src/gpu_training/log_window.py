@@ -2,11 +2,12 @@
 
 :class:`LogWindow` holds a log window's device-side micro-batch losses and gradient norms
 (one host sync per window, at the log step) and turns them into the window's loss and mean
-norm. :class:`FlushClock` says when the buffered lines (``metrics.jsonl``, each rank's
-telemetry) are due on disk: at a log step at least :data:`FLUSH_SECONDS` after the last write
-(the Trainer also writes at every checkpoint, at the end of the run, on a failure and on a
-stall), so a tiny step does not pay a file write every ``run.log_every`` steps, and a crash
-loses at most about a second of records.
+norm. :class:`FlushClock` says when each rank's buffered telemetry rows are due on disk: at
+a log step at least :data:`FLUSH_SECONDS` after the last write (the Trainer also writes them
+at every checkpoint, at the end of the run, on a failure and on a stall), so a tiny step does
+not pay a file write per rank every ``run.log_every`` steps, and a crash loses at most about a
+second of them. ``metrics.jsonl`` (rank 0) is written at every log step: a stalled run's last
+row must be on disk.
 
 Example:
     >>> import torch

@@ -476,12 +476,12 @@ class Trainer:
         if math.isnan(window.first_loss):
             window.first_loss = metrics["loss"]
         self.state.last_metrics = metrics
-        due = window.clock.due()  # lines buffered, written a second apart (and at saves)
-        writer.write("train", step, metrics, flush=due)
+        # metrics.jsonl at once (a stalled run's last row must show); telemetry a second apart
+        writer.write("train", step, metrics)
         if self.ctx.is_main_process and not self.quiet:
             self.print(log_line(step, run.total, metrics))
         self._emit("on_log", metrics)
-        if due:
+        if window.clock.due():
             run.telemetry.flush()  # this rank's records since the last write, in its own file
         window.clear(skips)
 
