@@ -160,7 +160,6 @@ class MetricsWriter:
         self._tb: Any = None
         self._trackers: TrackerSet | None = None
         self._kept_ids = dict(run_ids or {})
-        self._lines: list[str] = []  # written by flush()
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,35 +204,20 @@ class MetricsWriter:
         """The started trackers and where each writes (``""`` when none)."""
         return self._trackers.describe() if self._trackers is not None else ""
 
-    def write(
-        self, split: str, step: int, values: Mapping[str, float], *, flush: bool = True
-    ) -> None:
-        """Record ``values`` of ``split`` (``train``/``val``) at optimizer step ``step``.
-
-        ``flush=False`` keeps the line in memory until the next :meth:`flush` (or a write
-        with ``flush``, or :meth:`close`): whole lines, in order, one write for all.
-        """
+    def write(self, split: str, step: int, values: Mapping[str, float]) -> None:
+        """Record ``values`` of ``split`` (``train``/``val``) at optimizer step ``step``."""
         if not self.enabled:
             return
         record = {"split": split, "step": step}
         record.update({k: float(v) for k, v in values.items()})
-        self._lines.append(json.dumps(record) + "\n")
-        if flush:
-            self.flush()
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
         if self._tb is not None:
             for key, value in values.items():
                 if math.isfinite(float(value)):
                     self._tb.add_scalar(f"{split}/{key}", float(value), step)
         if self._trackers is not None:
             self._trackers.log(split, step, {k: float(v) for k, v in values.items()})
-
-    def flush(self) -> None:
-        """Writes the lines kept by ``write(..., flush=False)`` to ``metrics.jsonl``."""
-        if not self.enabled or not self._lines:
-            return
-        text, self._lines = "".join(self._lines), []
-        self._file.write(text)
-        self._file.flush()
 
     def close(self, error: BaseException | None = None) -> None:
         """Flush and close the file, the TensorBoard writer and the trackers' runs.
@@ -244,7 +228,6 @@ class MetricsWriter:
         """
         if not self.enabled:
             return
-        self.flush()
         self._file.close()
         if self._tb is not None:
             self._tb.close()

@@ -443,8 +443,7 @@ class Trainer:
         # A collective: at log steps only, the same on every rank (a scheduler warns in time).
         stop = step % job.run.log_every == 0 and preemption.should_stop()
         if step % job.checkpoint.every == 0 or step == run.total or stop:
-            writer.flush()  # what was logged up to a checkpoint is on disk before it commits
-            run.telemetry.flush()
+            run.telemetry.flush()  # the rows up to a checkpoint are on disk before it commits
             path = self._save(run, step)
             watchdog.tick(step)
             window.last_saved = step
