@@ -148,7 +148,9 @@ def test_a_fused_optimizer_skips_on_the_device_and_is_told_a_step_later(
 
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    stepper = MixedPrecisionStepper(opt, "fp32", max_grad_norm=clip, max_nonfinite_steps=2)
+    stepper = MixedPrecisionStepper(
+        opt, "fp32", max_grad_norm=clip, max_nonfinite_steps=2, defer_on_cpu=True
+    )
     _step(stepper, model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     moments = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
@@ -182,6 +184,24 @@ def test_a_fused_optimizer_skips_on_the_device_and_is_told_a_step_later(
     with pytest.raises(NonFiniteError, match=r"step 5: .*2 steps in a row"):
         nonfinite_warning(stepper, 5, settle=True)
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
+def test_on_the_cpu_a_fused_optimizer_is_guarded_at_once() -> None:
+    """The Trainer's fused CPU AdamW: the flag is on the host already, so the step is skipped
+    before the optimizer is called and told at once (``steps_ago=0``), nothing deferred."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    stepper = MixedPrecisionStepper(opt, "fp32", max_nonfinite_steps=2)
+    _step(stepper, model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    adam_steps = [float(opt.state[p]["step"]) for p in model.parameters()]
+    _step(stepper, model, poison=math.nan)
+    assert stepper.last_nonfinite == NonFiniteStep(
+        loss_ranks=(0,), parameter="0.weight", in_a_row=1, steps_ago=0
+    )
+    assert stepper.skipped_steps == 1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [float(opt.state[p]["step"]) for p in model.parameters()] == adam_steps
 
 
 def test_without_the_guard_a_fused_optimizer_takes_the_nan() -> None:

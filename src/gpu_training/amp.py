@@ -290,6 +290,9 @@ class MixedPrecisionStepper:
             non-finite loss and the first non-finite gradient (:attr:`last_nonfinite`). In
             fp16 the loss scaler's overflow skips (its calibration) are not counted unless
             a loss was non-finite. ``None``: off (fp16 still skips overflows, as always).
+        defer_on_cpu: With a fused optimizer, leave the step's NaN/Inf flag to the
+            optimizer and read it a step later on the CPU too, as on a GPU (see
+            :mod:`gpu_training.nonfinite_guard`); by default a CPU flag is read at once.
 
     Example:
         >>> import torch
@@ -313,6 +316,8 @@ class MixedPrecisionStepper:
         max_grad_norm: float | None = None,
         device: torch.device | str | None = None,
         max_nonfinite_steps: int | None = None,
+        *,
+        defer_on_cpu: bool = False,
     ) -> None:
         if grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
@@ -339,6 +344,7 @@ class MixedPrecisionStepper:
         self.last_nonfinite: NonFiniteStep | None = None
         """The last step's diagnosis when it was skipped for a NaN/Inf, else None."""
         self._guard = NonFiniteGuard() if max_nonfinite_steps is not None else None
+        self._defer_on_cpu = defer_on_cpu
         self._names: Names | None = None  # the last step's, to name a gradient found a step later
         self._unread: GradNorm | None = None  # its gradients go at the next forward
 
@@ -456,7 +462,9 @@ class MixedPrecisionStepper:
             if self.max_grad_norm is not None:
                 owners = list(params)  # those with a gradient (clipping filtered them)
                 grads = [p.grad for p in owners if p.grad is not None]
-            if not self._scaling and defers_on_device(self.optimizer, grads):
+            if not self._scaling and defers_on_device(
+                self.optimizer, grads, on_cpu=self._defer_on_cpu
+            ):
                 found_inf = guard.defer(value, grads, owners)
             else:
                 nonfinite = guard.nonfinite_now(value, grads, owners)

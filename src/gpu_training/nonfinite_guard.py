@@ -5,7 +5,7 @@
 answer must be the same on every rank (the step is skipped on all of them or none) and must
 not cost the step a host sync it did not have. Two ways, chosen per step:
 
-- **At once** (the CPU, a non-fused optimizer, FSDP2): the flag is read on the host before
+- **At once** (the CPU, fused optimizer or not; a non-fused optimizer; FSDP2): the flag is read on the host before
   the optimizer step, which is then not called. It is the global gradient norm's finiteness
   where the step measures the norm anyway (clipping; FSDP2's norm is a collective, the same
   on every rank), else one fused finiteness check over the optimizer's gradients (after
@@ -43,13 +43,19 @@ import torch
 __all__ = ["DeferredFlags", "NonFiniteGuard", "defers_on_device"]
 
 
-def defers_on_device(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> bool:
+def defers_on_device(
+    optimizer: torch.optim.Optimizer, grads: list[torch.Tensor], *, on_cpu: bool = False
+) -> bool:
     """Whether the guard's flag can stay on the device for this step: an optimizer that skips
-    its update on a ``found_inf`` tensor (torch's fused Adam/AdamW/SGD; the Trainer's on a
-    GPU), over plain tensors. On the CPU it gains nothing and costs nothing: the same path."""
+    its update on a ``found_inf`` tensor (torch's fused Adam/AdamW/SGD; the Trainer's), over
+    plain tensors on an accelerator. On the CPU the flag is on the host already and is read
+    at once (the step is then not called), which costs a fraction of the deferred path's
+    bookkeeping; ``on_cpu=True`` takes the deferred path there too (how its tests run
+    without a GPU)."""
     return (
         bool(getattr(optimizer, "_step_supports_amp_scaling", False))
         and bool(grads)
+        and (on_cpu or grads[0].device.type != "cpu")
         and not hasattr(grads[0], "full_tensor")  # an FSDP2 DTensor: its norm is the flag
     )
 

@@ -199,7 +199,7 @@ class Trainer:
                 [p for p in params if p.requires_grad],  # frozen (LoRA base): no state
                 lr=cfg.scaled_learning_rate,
                 weight_decay=cfg.weight_decay,
-                fused=device.type == "cuda",
+                fused=device.type in ("cuda", "cpu"),
             )
 
         return prepare(
