@@ -1,0 +1,114 @@
+"""``benchmarks/lint_truth_score.py``: a truth CSV scored against the linter, on a synthetic
+checkout written here (no fetched code)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    spec = importlib.util.spec_from_file_location(
+        "lint_truth_score", ROOT / "benchmarks" / "lint_truth_score.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lint_truth_score"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(2, 2).cuda())
+    for step in range(10):
+        pass
+    torch.save(model.state_dict(), "ckpt.pt")
+    torch.save(model.state_dict(), "ckpt2.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+HEADER = "repo,commit,path,line,rule,verdict,why\n"
+
+
+@pytest.fixture()
+def checkout(tmp_path):
+    repo = tmp_path / "sets" / "someone+proj"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "train.py").write_text(SCRIPT)
+    truth = tmp_path / "truth.csv"
+    truth.write_text(
+        HEADER
+        + "someone/proj,abc,train.py,9,GT007,bug,every rank saves (line 11: the nearest row within 3)\n"
+        + "someone/proj,abc,train.py,14,GT007,correct,read as fine (line 12: a false finding)\n"
+        + "someone/proj,abc,train.py,9,GT005,bug,never found: missed\n"
+        + "someone/proj,abc,train.py,40,GT006,bug,too far from line 11: missed\n"
+    )
+    extra = tmp_path / "table.csv"
+    extra.write_text(
+        "repo,commit,path,line,rule,verdict,before,after,why\n"
+        + "someone/proj,abc,train.py,8,GT002,false,-,-,one GPU per host\n"
+        + "someone/proj,abc,train.py,9,GT005,missed,-,-,ignored: the truth holds misses\n"
+    )
+    return tmp_path, truth, extra
+
+
+def test_findings_are_matched_by_path_rule_and_line_within_3(scorer, checkout):
+    root, truth, extra = checkout
+    result = scorer.run(str(truth), str(root / "sets"), [str(extra)])
+    assert result.errors == []
+    gt007 = result.per_rule["GT007"]
+    assert (gt007.findings, gt007.true, gt007.false, gt007.missed) == (2, 1, 1, 0)
+    gt002 = result.per_rule["GT002"]
+    assert (gt002.findings, gt002.true, gt002.false) == (1, 0, 1)  # read false in the table
+    assert result.per_rule["GT005"].missed == 1
+    gt006 = result.per_rule["GT006"]
+    assert gt006.missed == 1 and gt006.true == 0 and gt006.false == gt006.findings >= 1
+    assert {(u["path"], u["line"], u["rule"]) for u in result.unread} >= {("train.py", 11, "GT006")}
+    assert all(u["rule"] != "GT002" for u in result.unread)  # the table read it
+    o = result.overall
+    assert o.true == 1 and o.missed == 2 and o.false == o.findings - 1
+    assert result.apart.findings == 0  # destroy_process_group: no GT015
+
+
+def test_gt015_is_counted_apart(scorer):
+    truth = [
+        scorer.Row("a/b", "", "x.py", 5, "GT015", "bug"),
+        scorer.Row("a/b", "", "x.py", 9, "GT007", "bug"),
+    ]
+    findings = {"a/b": [("x.py", 5, "GT015", ""), ("x.py", 7, "GT007", "")]}
+    result = scorer.score(truth, findings)
+    assert (result.apart.findings, result.apart.true) == (1, 1)
+    assert (result.overall.findings, result.overall.true, result.overall.missed) == (1, 1, 0)
+    assert result.overall.precision == 1.0 and result.overall.recall == 1.0
+
+
+def test_cli_json_and_text(scorer, checkout, capsys):
+    root, truth, extra = checkout
+    assert scorer.main([str(truth), str(root / "sets"), "--extra", str(extra), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["overall"]["true"] == 1 and data["per_rule"]["GT007"]["false"] == 1
+    assert scorer.main([str(truth), str(root / "sets")]) == 0
+    text = capsys.readouterr().out
+    assert "overall (bug rules, GT015 apart)" in text and "unread findings" in text
+
+
+def test_a_missing_checkout_is_an_error(scorer, tmp_path):
+    truth = tmp_path / "t.csv"
+    truth.write_text(HEADER + "x/y,c,a.py,1,GT007,bug,\n")
+    assert scorer.main([str(truth), str(tmp_path)]) == 2
