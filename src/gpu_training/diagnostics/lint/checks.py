@@ -209,6 +209,17 @@ class FileChecker:
         self.setup.distributed = self.distributed
         return bool(gained)
 
+    def inherit_from_base(self, base: FileChecker) -> bool:
+        """Take on the process group and the never-reseeded shuffling sampler of a module
+        whose class one of this file's classes subclasses (the loader its epoch loop reads)."""
+        gained = [
+            f for f in ("distributed", "unset_sampler") if getattr(base, f) and not getattr(self, f)
+        ]
+        for flag in gained:
+            setattr(self, flag, True)
+        self.setup.distributed = self.distributed
+        return bool(gained)
+
     def rebuild_ranks(self) -> None:
         """Recompute which scopes run on every rank (after :meth:`inherit` or new seeds)."""
         self.ranks = RankAnalysis(self.facts, self.distributed, frozenset(self.seeds))

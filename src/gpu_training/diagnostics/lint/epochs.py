@@ -51,15 +51,19 @@ def hands_loader_on(
     it and calls no ``set_epoch`` itself (an epoch loop around ``train(model, loader)``),
     or calls a method that trains over its object's loader (``self._run_epoch(epoch)``).
     A function nobody here can read (an installed package's, ``list.append``) is not
-    one: what it does is unknown."""
+    one: what it does is unknown. A loader the loop binds itself (``for task, loader in
+    loaders.items(): train_task(task, loader)``) is a new one each pass: a loop over tasks,
+    not epochs of one loader."""
+    own = _bound_by(loop)
     for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
         if not isinstance(node, ast.Call):
             continue
         refs = facts.callees(node)
-        if not refs:
+        if not refs or _per_pass_loader(facts, node, own, scope):
             continue
         hands = any(
             isinstance(arg, (ast.Name, ast.Attribute))
+            and not (isinstance(arg, ast.Name) and arg.id in own)
             and not EVAL_NAME.search(tail(dotted(arg)))  # `validate(model, val_loader)`
             and "loader" in facts.kinds(arg, scope)
             for arg in [*node.args, *(k.value for k in node.keywords)]
@@ -70,6 +74,22 @@ def hands_loader_on(
         if hands and not any(_calls_set_epoch(func) for _, func in refs):
             return True
     return False
+
+
+def _per_pass_loader(facts: ModuleFacts, call: ast.Call, own: set[str], scope: Scope) -> bool:
+    """The call is handed a loader the loop binds anew on each pass."""
+    return any(
+        isinstance(arg, ast.Name)
+        and arg.id in own
+        and ("loader" in facts.kinds(arg, scope) or "loader" in arg.id.lower())
+        for arg in [*call.args, *(k.value for k in call.keywords)]
+    )
+
+
+def _bound_by(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
+    """The names a ``for`` loop's target binds (none for ``while``)."""
+    target = getattr(loop, "target", None)
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target else set()
 
 
 def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.class_bases import prepared_by_accelerate
 from gpu_training.diagnostics.lint.epoch_paths import reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch
 from gpu_training.diagnostics.lint.model import call_name
@@ -64,6 +65,8 @@ def whole_file_rules(checker: FileChecker) -> None:
         facts.callees(c) for c in all_calls if tail(call_name(c, imports)) == "train_one_epoch"
     ):
         tails = tails - {"train_one_epoch"}  # the script's own, not the toolkit's
+    if prepared_by_accelerate(facts, all_calls):
+        tails = tails | {"set_epoch"}  # Accelerate's prepared loader reseeds its sampler
     # a file with no process group in sight (a UI whose distributed option is never set up)
     loops = checker.epoch_loops if checker.distributed else []
     for loop in loops_without_set_epoch(

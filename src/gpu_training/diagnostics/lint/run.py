@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.checks import FileChecker
+from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.project import Project
 
@@ -50,12 +51,18 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
         path: [checkers[f.path] for f in project.importers_of(c.facts) if f.path in checkers]
         for path, c in checkers.items()
     }
+    bases = {  # a subclass's file runs its base classes' methods (their loaders, their group)
+        path: [checkers[f.path] for f in base_modules(c.facts, project) if f.path in checkers]
+        for path, c in checkers.items()
+    }
     changed = True
     while changed:
         changed = False
         for path, checker in checkers.items():
             for importer in importers[path]:
                 changed = checker.inherit(importer) or changed
+            for base in bases[path]:
+                changed = checker.inherit_from_base(base) or changed
 
     project.set_distributed({path for path, c in checkers.items() if c.distributed})
 

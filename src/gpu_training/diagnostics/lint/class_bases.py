@@ -1,0 +1,93 @@
+"""The project's base classes of a file's classes, in other modules (``GT005`` across a class
+hierarchy).
+
+A subclass runs its base class's methods in the same process, on the same object: a loader
+the base class builds over a shuffling ``DistributedSampler`` (``self.dataloaders[task] =
+DataLoader(..., sampler=DistributedSampler(ds))`` in ``vanilla.py``) is what the subclass's
+overridden epoch loop iterates (``class AGEMTrainer(VanillaTrainer)`` in ``agem.py``, whose
+``train_task`` loops over the loader the base class's ``continual_learning`` hands it). So the
+subclass's file takes on the base module's never-reseeded sampler and its process group, as a
+file does from one that imports it (:meth:`FileChecker.inherit`).
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.project import Project
+    >>> project = Project()
+    >>> facts = project.add("t.py", ast.parse("class A:\\n    pass\\nclass B(A):\\n    pass\\n"))
+    >>> base_modules(facts, project)
+    []
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
+
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint.project import Project
+
+__all__ = ["base_modules", "prepared_by_accelerate"]
+
+
+def base_modules(facts: ModuleFacts, project: Project, depth: int = 0) -> list[ModuleFacts]:
+    """The other modules of the project that define a base class of one of ``facts``'s
+    classes (``from .vanilla import VanillaTrainer``; ``base.Trainer``), and their own base
+    classes' modules in turn (a few levels)."""
+    found: list[ModuleFacts] = []
+    if depth > 4:
+        return found
+    for cls in (n for n in ast.walk(facts.tree) if isinstance(n, ast.ClassDef)):
+        for base in cls.bases:
+            target = _defining_module(facts, project, base)
+            if target is not None and target is not facts and target not in found:
+                found.append(target)
+                found += [m for m in base_modules(target, project, depth + 1) if m not in found]
+    return found
+
+
+def _defining_module(facts: ModuleFacts, project: Project, base: ast.expr) -> ModuleFacts | None:
+    name = dotted(base)
+    if name is None:
+        return None
+    head, *rest = name.split(".")
+    if head not in facts.imports.origins or len(rest) > 1:
+        return None
+    module, level, symbol = facts.imports.origins[head]
+    if symbol is not None and rest:  # `from pkg import base` then `base.Trainer`
+        module, cls = f"{module}.{symbol}" if module else symbol, rest[0]
+    elif symbol is not None:  # `from .vanilla import VanillaTrainer`
+        cls = symbol
+    elif rest:  # `import pkg.base as base`, then `base.Trainer`
+        cls = rest[0]
+    else:
+        return None
+    path = project.module_file(facts.path, module, level)
+    if path is None or not isinstance(path, Path) or path.is_dir():
+        return None
+    target = project.facts_for(path)
+    if target is None or not isinstance(target.toplevel.get(cls), ast.ClassDef):
+        return None
+    return target
+
+
+def prepared_by_accelerate(facts: ModuleFacts, calls: list[ast.Call]) -> bool:
+    """A loader of the file is handed to an ``Accelerator``'s ``prepare()``
+    (``model, opt, loader = accelerator.prepare(model, opt, loader)``): the prepared loader
+    sets its sampler's epoch itself each time it is iterated (``GT005`` has nothing to say).
+    """
+    scope = facts.module_scope
+    for call in calls:
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "prepare"):
+            continue
+        made = facts.instance_values(func.value)
+        if not any((dotted(v.func) or "").rsplit(".", 1)[-1] == "Accelerator" for v in made):
+            continue
+        for arg in call.args:
+            name = dotted(arg) or ""
+            if "loader" in name.rsplit(".", 1)[-1].lower() or "loader" in facts.kinds(arg, scope):
+                return True
+    return False
