@@ -46,6 +46,7 @@ from gpu_training.diagnostics.lint.model import (
     dotted,
     iter_scope_nodes,
 )
+from gpu_training.diagnostics.lint.pipeline_schedules import is_pipeline_schedule
 
 __all__ = [
     "GuardedCollective",
@@ -358,6 +359,8 @@ def rank_dependent_update(call: ast.Call, scope: Scope, facts: ModuleFacts) -> s
     receiver = call.func.value
     kinds = facts.kinds(receiver, scope)
     label = tail(dotted(receiver)).lower()
+    if is_pipeline_schedule(receiver, facts):  # a pipeline step, every stage its own part
+        return None
     if kinds & {"scheduler", "optimizer", "scaler", "amp_stepper"} or any(
         word in label for word in ("sched", "optim", "scaler")
     ):

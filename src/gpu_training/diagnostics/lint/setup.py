@@ -239,6 +239,8 @@ class SetupRules:
         names.append(parent)
         if any(n is not None and EVAL_NAME.search(tail(n)) for n in names):
             return True
+        if any(_one_batch_of(c, call) for c in self.calls):
+            return True  # `next(iter(DataLoader(ds, batch_size=1)))`: an example batch
         # Handed to accelerate's prepare() or Fabric's setup_dataloaders(), which shard it.
         return any(
             isinstance(c.func, ast.Attribute)
@@ -479,3 +481,18 @@ def _env_rank(key: ast.expr, expr: ast.expr) -> str | None:
     if isinstance(key, ast.Constant) and key.value in _GLOBAL_RANK_ENV:
         return f"{ast.unparse(expr)} is the global rank"
     return None
+
+
+def _one_batch_of(outer: ast.Call, loader: ast.Call) -> bool:
+    """``next(iter(loader))``: one batch drawn and the loader dropped (an example batch to
+    trace a pipeline with), not a loader trained over."""
+    if not (isinstance(outer.func, ast.Name) and outer.func.id == "next" and outer.args):
+        return False
+    inner = outer.args[0]
+    return (
+        isinstance(inner, ast.Call)
+        and isinstance(inner.func, ast.Name)
+        and inner.func.id == "iter"
+        and bool(inner.args)
+        and inner.args[0] is loader
+    )
