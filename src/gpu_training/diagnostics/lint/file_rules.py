@@ -28,6 +28,7 @@ from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.class_bases import prepared_by_accelerate
 from gpu_training.diagnostics.lint.epoch_paths import reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch
+from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.model import call_name
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.ranks import unpaired_collectives
@@ -75,6 +76,8 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
     for loop in reseeded_on_one_path(facts):
         checker.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
+    for arguments in saves_on_each_node(facts):
+        checker.add(arguments, "GT017", "save_on_each_node=True: the Trainer saves on every node")
     for scaler in scalers_with_bf16(all_calls, facts):
         checker.add(scaler, "GT011", "every autocast it meets is bfloat16")
     if "backward" in checker.tails or any(s.trains for s in summaries):

@@ -25,7 +25,7 @@ import ast
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
 
-__all__ = ["hf_every_process"]
+__all__ = ["hf_every_process", "saves_on_each_node"]
 
 _PACKAGES = ("transformers", "trl")
 _LAUNCH_KEYWORDS = ("local_rank", "deepspeed")
@@ -53,3 +53,18 @@ def _launch_arguments(facts: ModuleFacts, call: ast.Call) -> bool:
         return False
     given = [keyword_arg(call, k) for k in _LAUNCH_KEYWORDS]
     return any(v is not None and not isinstance(v, ast.Constant) for v in given)  # from the CLI
+
+
+def saves_on_each_node(facts: ModuleFacts) -> list[ast.expr]:
+    """Hugging Face training arguments with ``save_on_each_node=True`` (``GT017``): the
+    ``Trainer`` then writes its checkpoints on the local main process of every node, each
+    into the same ``output_dir``, instead of on the global main process alone. Returns the
+    flags' ``True`` (where the finding goes)."""
+    return [
+        flag
+        for c in facts.calls
+        if call_name(c, facts.imports).split(".")[0] in _PACKAGES
+        and tail(call_name(c, facts.imports)).endswith(("TrainingArguments", "Config"))
+        and isinstance(flag := keyword_arg(c, "save_on_each_node"), ast.Constant)
+        and flag.value is True
+    ]

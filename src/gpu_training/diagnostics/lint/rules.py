@@ -331,8 +331,9 @@ _RULE_LIST = [
         """LOCAL_RANK is the GPU index within a node ("0-3 for 4 GPUs; RANK is the global
         process rank"), so `if local_rank == 0:` holds on one process of every node. On two
         nodes sharing a filesystem, two processes write the same checkpoint at once - the
-        corruption a rank-0 guard exists to prevent. (Writes whose path names the node or the
-        rank are not flagged.)""",
+        corruption a rank-0 guard exists to prevent. Hugging Face's
+        `TrainingArguments(save_on_each_node=True)` makes the Trainer do the same. (Writes
+        whose path names the node or the rank are not flagged.)""",
         """Guard writes to shared storage with the global rank: `if dist.get_rank() == 0:` (or
         ctx.is_main_process, accelerator.is_main_process); keep LOCAL_RANK for node-local
         work (a download into a local cache, the GPU index).""",
