@@ -24,7 +24,9 @@
   :mod:`~gpu_training.diagnostics.lint.handles`; Lightning's launch,
   :mod:`~gpu_training.diagnostics.lint.lightning`), the training-loop analysis
   (:mod:`~gpu_training.diagnostics.lint.training_loop`), epoch loops and ``set_epoch``
-  (:mod:`~gpu_training.diagnostics.lint.epochs`), the process group's teardown
+  (:mod:`~gpu_training.diagnostics.lint.epochs`; what a subclass's file takes from its base
+  class's module, :mod:`~gpu_training.diagnostics.lint.class_bases`; pipeline schedules,
+  :mod:`~gpu_training.diagnostics.lint.pipeline_schedules`), the process group's teardown
   (:mod:`~gpu_training.diagnostics.lint.teardown`) and bf16 parameters under Adam
   (:mod:`~gpu_training.diagnostics.lint.precision`).
 
