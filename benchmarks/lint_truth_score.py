@@ -31,6 +31,7 @@ import csv
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -138,16 +139,16 @@ def _nearest(rows: list[Row], path: str, line: int, rule: str) -> Row | None:
 def score(
     truth: list[Row],
     findings: dict[str, list[tuple[str, int, str, str]]],
-    extra: list[Row] = (),
+    extra: Sequence[Row] = (),
 ) -> Score:
     """Match ``findings`` (per repository) to ``truth`` and ``extra``; count per rule."""
     result = Score()
     by_repo: dict[str, list[Row]] = defaultdict(list)
-    for row in truth:
-        by_repo[row.repo].append(row)
+    for t in truth:
+        by_repo[t.repo].append(t)
     extra_by_repo: dict[str, list[Row]] = defaultdict(list)
-    for row in extra:
-        extra_by_repo[row.repo].append(row)
+    for e in extra:
+        extra_by_repo[e.repo].append(e)
     tallies: dict[str, Tally] = defaultdict(Tally)
     found: set[Row] = set()
     for repo in sorted(set(by_repo) | set(findings)):
@@ -155,12 +156,12 @@ def score(
             tally = tallies[rule]
             tally.findings += 1
             where = {"repo": repo, "path": path, "line": line, "rule": rule, "detail": detail}
-            row = _nearest(by_repo[repo], path, line, rule)
-            read = row or _nearest(extra_by_repo[repo], path, line, rule)
+            match = _nearest(by_repo[repo], path, line, rule)
+            read = match or _nearest(extra_by_repo[repo], path, line, rule)
             if read is not None and read.verdict == "bug":
                 tally.true += 1
-                if row is not None:
-                    found.add(row)
+                if match is not None:
+                    found.add(match)
                 continue
             tally.false += 1
             if read is None:

@@ -25,6 +25,7 @@ import shutil
 import statistics
 import time
 import warnings
+from typing import Any
 
 import torch
 import xxhash
@@ -79,7 +80,7 @@ def fused(path: str, target: torch.Tensor, snapshot: bool, sliced: bool = False)
     flat = target.view(torch.uint8)
     saved = torch.empty_like(flat) if sliced else None
     h = xxhash.xxh3_64()
-    out = memoryview(flat.numpy())
+    out = memoryview(flat.numpy())  # type: ignore[arg-type]  # numpy arrays are buffers
     pos = 0
     with open(path, "rb", buffering=0) as f:
         while pos < len(out):
@@ -94,7 +95,7 @@ def fused(path: str, target: torch.Tensor, snapshot: bool, sliced: bool = False)
     return h.hexdigest()
 
 
-def worker(rank: int, args: argparse.Namespace, barrier, results) -> None:
+def worker(rank: int, args: argparse.Namespace, barrier: Any, results: Any) -> None:
     torch.set_num_threads(1)
     nbytes = args.mib * MiB
     target = torch.full((nbytes // 4,), 1.5)  # live, touched state
