@@ -5,10 +5,10 @@
 answer must be the same on every rank (the step is skipped on all of them or none) and must
 not cost the step a host sync it did not have. Two ways, chosen per step:
 
-- **At once** (the CPU, fused optimizer or not; a non-fused optimizer; FSDP2): the flag is read on the host before
-  the optimizer step, which is then not called. It is the global gradient norm's finiteness
-  where the step measures the norm anyway (clipping; FSDP2's norm is a collective, the same
-  on every rank), else one fused finiteness check over the optimizer's gradients (after
+- **At once** (the CPU, fused optimizer or not; elsewhere a non-fused optimizer; FSDP2): the
+  flag is read on the host before the optimizer step, which is then not called. It is the
+  global gradient norm's finiteness where the step measures the norm anyway (clipping;
+  FSDP2's norm is a collective, the same on every rank), else one fused finiteness check over the optimizer's gradients (after
   DDP's all-reduce they are the same on every rank) — no norm pass nobody asked for.
 - **A step later** (a CUDA optimizer that skips on the device: ``fused=True`` Adam/AdamW/SGD,
   what the Trainer builds on a GPU): the flag stays on the GPU and is handed to the fused

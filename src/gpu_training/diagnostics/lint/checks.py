@@ -95,6 +95,10 @@ __all__ = ["FileChecker"]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
+BASE_INHERITED = ("distributed", "unset_sampler")
+"""What a subclass's file takes from the module of its base class: the process group and the
+shuffling sampler that never gets set_epoch (the loader the base class hands its epoch loop)."""
+
 _INHERITED = (
     "distributed",
     "has_wrapper",
@@ -200,21 +204,11 @@ class FileChecker:
 
     # --- project ----------------------------------------------------------------------------
 
-    def inherit(self, importer: FileChecker) -> bool:
+    def inherit(self, importer: FileChecker, flags: tuple[str, ...] = _INHERITED) -> bool:
         """Take on what a file that imports this one sets up for the whole process (and its
-        shuffling sampler that never gets set_epoch, which this file's epoch loops may read)."""
-        gained = [f for f in _INHERITED if getattr(importer, f) and not getattr(self, f)]
-        for flag in gained:
-            setattr(self, flag, True)
-        self.setup.distributed = self.distributed
-        return bool(gained)
-
-    def inherit_from_base(self, base: FileChecker) -> bool:
-        """Take on the process group and the never-reseeded shuffling sampler of a module
-        whose class one of this file's classes subclasses (the loader its epoch loop reads)."""
-        gained = [
-            f for f in ("distributed", "unset_sampler") if getattr(base, f) and not getattr(self, f)
-        ]
+        shuffling sampler that never gets set_epoch, which this file's epoch loops may read).
+        ``flags``: which of those (:data:`BASE_INHERITED` from a base class's module)."""
+        gained = [f for f in flags if getattr(importer, f) and not getattr(self, f)]
         for flag in gained:
             setattr(self, flag, True)
         self.setup.distributed = self.distributed

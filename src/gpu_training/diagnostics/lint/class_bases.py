@@ -29,7 +29,7 @@ from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.project import Project
 
-__all__ = ["base_modules", "prepared_by_accelerate"]
+__all__ = ["base_modules"]
 
 
 def base_modules(facts: ModuleFacts, project: Project, depth: int = 0) -> list[ModuleFacts]:
@@ -71,23 +71,3 @@ def _defining_module(facts: ModuleFacts, project: Project, base: ast.expr) -> Mo
     if target is None or not isinstance(target.toplevel.get(cls), ast.ClassDef):
         return None
     return target
-
-
-def prepared_by_accelerate(facts: ModuleFacts, calls: list[ast.Call]) -> bool:
-    """A loader of the file is handed to an ``Accelerator``'s ``prepare()``
-    (``model, opt, loader = accelerator.prepare(model, opt, loader)``): the prepared loader
-    sets its sampler's epoch itself each time it is iterated (``GT005`` has nothing to say).
-    """
-    scope = facts.module_scope
-    for call in calls:
-        func = call.func
-        if not (isinstance(func, ast.Attribute) and func.attr == "prepare"):
-            continue
-        made = facts.instance_values(func.value)
-        if not any((dotted(v.func) or "").rsplit(".", 1)[-1] == "Accelerator" for v in made):
-            continue
-        for arg in call.args:
-            name = dotted(arg) or ""
-            if "loader" in name.rsplit(".", 1)[-1].lower() or "loader" in facts.kinds(arg, scope):
-                return True
-    return False

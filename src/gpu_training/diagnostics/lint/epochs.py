@@ -37,6 +37,7 @@ __all__ = [
     "hands_loader_on",
     "iterates_loader",
     "loops_without_set_epoch",
+    "prepared_by_accelerate",
     "shuffling_sampler",
     "unset_shuffling_sampler",
 ]
@@ -221,3 +222,23 @@ def _is_backward(node: ast.AST) -> bool:
         and isinstance(node.func, ast.Attribute)
         and (node.func.attr == "backward")
     )
+
+
+def prepared_by_accelerate(facts: ModuleFacts, calls: list[ast.Call]) -> bool:
+    """A loader of the file is handed to an ``Accelerator``'s ``prepare()``
+    (``model, opt, loader = accelerator.prepare(model, opt, loader)``): the prepared loader
+    sets its sampler's epoch itself each time it is iterated (``GT005`` has nothing to say).
+    """
+    scope = facts.module_scope
+    for call in calls:
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "prepare"):
+            continue
+        made = facts.instance_values(func.value)
+        if not any((dotted(v.func) or "").rsplit(".", 1)[-1] == "Accelerator" for v in made):
+            continue
+        for arg in call.args:
+            name = dotted(arg) or ""
+            if "loader" in name.rsplit(".", 1)[-1].lower() or "loader" in facts.kinds(arg, scope):
+                return True
+    return False

@@ -25,9 +25,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
-from gpu_training.diagnostics.lint.class_bases import prepared_by_accelerate
 from gpu_training.diagnostics.lint.epoch_paths import reseeded_on_one_path
-from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch
+from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.model import call_name
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.checks import FileChecker
+from gpu_training.diagnostics.lint.checks import BASE_INHERITED, FileChecker
 from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.project import Project
@@ -62,7 +62,7 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
             for importer in importers[path]:
                 changed = checker.inherit(importer) or changed
             for base in bases[path]:
-                changed = checker.inherit_from_base(base) or changed
+                changed = checker.inherit(base, BASE_INHERITED) or changed
 
     project.set_distributed({path for path, c in checkers.items() if c.distributed})
 
