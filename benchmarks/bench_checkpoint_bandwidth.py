@@ -4,7 +4,9 @@ One run measures, on the same disk and in the same minutes:
 
 - the **disk baseline**: one process writes a file of the checkpoint's size in 16 MiB blocks
   and fsyncs it (``dd``-like, plain Python), drops it from the page cache
-  (``posix_fadvise(POSIX_FADV_DONTNEED)`` after the fsync: no root needed) and reads it back;
+  (``posix_fadvise(POSIX_FADV_DONTNEED)`` after the fsync: no root needed) and reads it back,
+  ``--baseline-reads`` times a round (each read cold; the round's figure is their median: one
+  read of this VM's disk swings 2x between neighbours, the toolkit's loads do not);
 - the **toolkit**: a model of ``--params`` parameters and its AdamW moments (3 fp32 tensors
   per parameter: what the checkpoint's bytes are) saved and loaded on ``--nproc`` gloo ranks
   through ``Prepared.save_checkpoint`` / ``load_checkpoint`` — the calls the Trainer makes:
@@ -30,7 +32,7 @@ the fastest toolkit run against the fastest disk run (closest to an idle machine
 Usage::
 
     python benchmarks/bench_checkpoint_bandwidth.py [--params 84e6] [--nproc 4]
-        [--strategies fsdp,ddp] [--rounds 3] [--memory warm|cold|as-is] [--dir DIR]
+        [--strategies fsdp,ddp] [--rounds 3] [--baseline-reads 3] [--memory warm|cold|as-is] [--dir DIR]
         [--json PATH]
 
 The disk baseline is what a file system of this machine gives one writer; a VM disk may
@@ -87,6 +89,16 @@ def disk_write(path: Path, size: int) -> float:
             left -= f.write(block[: min(left, BLOCK)])
         os.fsync(f.fileno())
     return time.perf_counter() - begun
+
+
+def disk_reads(path: Path, times: int, settle: Any) -> float:
+    """The median of ``times`` cold reads of ``path`` (cache dropped and ``settle()`` before each)."""
+    samples = []
+    for _ in range(times):
+        drop_cache(path)
+        settle()
+        samples.append(disk_read(path))
+    return statistics.median(samples)
 
 
 def disk_read(path: Path) -> float:
@@ -195,9 +207,7 @@ def worker(args: argparse.Namespace) -> None:
             disk_write(probe, out["bytes"])
         for _ in range(args.rounds):
             if ctx.is_main_process:  # its own read baseline, beside each load
-                drop_cache(probe)
-                settle()
-                out["baseline_read"].append(disk_read(probe))
+                out["baseline_read"].append(disk_reads(probe, args.baseline_reads, settle))
                 drop_cache(step_dir)
             load = lambda: run.load_checkpoint(ckpt, args.load_step)  # noqa: E731
             out["load"].append(_timed(ctx, load, settle))
@@ -227,9 +237,7 @@ def worker(args: argparse.Namespace) -> None:
                 # the baseline, same size, between the toolkit's write and read (others wait)
                 settle()
                 out["baseline_write"].append(disk_write(probe, out["bytes"]))
-                drop_cache(probe)
-                settle()
-                out["baseline_read"].append(disk_read(probe))
+                out["baseline_read"].append(disk_reads(probe, args.baseline_reads, settle))
                 probe.unlink()
                 os.sync()
             load = lambda: run.load_checkpoint(ckpt, step)  # noqa: B023, E731
@@ -253,6 +261,7 @@ def measure(strategy: str, args: argparse.Namespace, work: Path, reshard: bool) 
     ckpt_dir = work / strategy
     result = work / f"{strategy}.json"
     common = ["--params", str(args.params), "--rounds", str(args.rounds)]
+    common += ["--baseline-reads", str(args.baseline_reads)]
     common += ["--ckpt-dir", str(ckpt_dir), "--result", str(result), "--memory", args.memory]
     _torchrun(args.nproc, ["--strategy", strategy, *common], args.timeout)
     out: dict[str, Any] = json.loads(result.read_text())
@@ -336,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reshard-nproc", type=int, default=2)
     parser.add_argument("--strategies", default="fsdp,ddp", help="comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--baseline-reads",
+        type=int,
+        default=3,
+        help="cold reads of the disk's file a round (median)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (same disk)")
     parser.add_argument(
@@ -377,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.params / 1e6:.0f} M fp32 parameters + AdamW moments; fs under {base}; "
         f"torch {torch.__version__}; {os.cpu_count()} CPUs; "
         f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}; "
-        f"{args.rounds} rounds, medians; memory {args.memory}"
+        f"{args.rounds} rounds, medians; memory {args.memory}; "
+        f"{args.baseline_reads} disk reads a round (their median)"
     )
     doc = report(results, args)
     doc.update(
@@ -393,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "params": args.params,
             "memory": args.memory,
+            "baseline_reads": args.baseline_reads,
             "nproc": args.nproc,
             "reshard_nproc": args.reshard_nproc,
             "raw": results,
