@@ -209,3 +209,44 @@ def test_deepspeed_in_one_process_and_its_errors() -> None:
     assert "train_batch_size 8 != 4 per GPU x 1 accumulation x 1 ranks" in r["errors"][1]
     assert "no optimizer: pass optimizer=" in r["errors"][2]
     assert "still has \"auto\" at 'train_batch_size'" in r["errors"][3]
+
+
+def _fp16_without_native_kernels_worker() -> dict[str, Any]:
+    """One process on a CPU whose oneDNN has no native fp16 (AMD EPYC, older Intel): an fp16
+    job starts and steps, and DeepSpeed's accelerator answers as before afterwards."""
+    import os
+
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        os.environ.pop(name, None)
+    CPU_Accelerator.is_fp16_supported = lambda self: False  # the CPU the machine drew
+    ctx = init_distributed()
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        cfg = TrainingConfig(per_device_batch_size=4, precision="fp16", learning_rate=0.05)
+        run = prepare(model, {"name": "deepspeed", "zero_stage": 2}, ctx, cfg, device="cpu")
+        x, y = torch.randn(4, 4).half(), torch.randn(4, 2).half()  # DeepSpeed casts the model only
+        for _ in range(3):
+            run.steps.backward(torch.nn.functional.mse_loss(run.model(x), y))
+            run.steps.step(0)
+        dtypes = {str(p.dtype) for p in run.model.parameters()}
+        return {
+            "dtypes": sorted(dtypes),
+            "fp16": bool((run.deepspeed_config or {})["fp16"]["enabled"]),
+            "after": get_accelerator().is_fp16_supported(),
+            "patched_left": "is_fp16_supported" in vars(get_accelerator()),
+        }
+    finally:
+        cleanup_distributed()
+
+
+def test_fp16_starts_on_a_cpu_without_native_fp16_kernels() -> None:
+    """DeepSpeed refuses fp16 on such a CPU ("Type fp16 is not supported on your device"); the
+    toolkit's CPU runs must not depend on the CPU model: the engine starts in fp16 and the
+    accelerator's own answer is back once it has."""
+    (r,) = run_ranks(_fp16_without_native_kernels_worker, 1, timeout=120)
+    assert r["fp16"] and r["dtypes"] == ["torch.float16"]
+    assert r["after"] is False and not r["patched_left"]

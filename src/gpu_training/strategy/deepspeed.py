@@ -402,6 +402,34 @@ def _without_cpu_shm_op(skip: bool) -> Iterator[None]:
         module.build_shm_op = original  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def _fp16_on_any_cpu(active: bool) -> Iterator[None]:
+    """Let DeepSpeed's engine start in fp16 on a CPU whose oneDNN has no native fp16 kernels.
+
+    DeepSpeed's CPU accelerator reports fp16 only where oneDNN has native fp16 (AVX512-FP16 or
+    AMX-FP16: recent Intel server parts) and its engine then refuses an fp16 config ("Type fp16
+    is not supported on your device"), while it reports bf16 everywhere. Torch computes fp16 on
+    any x86 CPU (converting on the fly: slower, the same numbers). A CPU run is a check of a
+    GPU job, and whether it starts must not depend on the CPU model the machine drew: the
+    engine's start-up check sees fp16 as supported; nothing else is changed, and a GPU's
+    accelerator is never touched.
+    """
+    if not active:
+        yield
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu" or accelerator.is_fp16_supported():
+        yield
+        return
+    accelerator.is_fp16_supported = lambda: True  # this instance only, for initialize()
+    try:
+        yield
+    finally:
+        del accelerator.is_fp16_supported  # the class's method again
+
+
 def _ensure_process_group(ctx: DistributedContext) -> None:
     if dist.is_initialized():
         return
@@ -453,7 +481,9 @@ def deepspeed_initialize(
     gloo on CPU, nccl on GPUs) and in one process without a launcher (a private one-rank
     group is created, which :func:`~gpu_training.ddp.cleanup_distributed` destroys, and
     ``LOCAL_RANK=0`` is set if unset). On a CPU-only host
-    DeepSpeed's inference-only shared-memory op is not built unless ``build_cpu_comm_op``.
+    DeepSpeed's inference-only shared-memory op is not built unless ``build_cpu_comm_op``,
+    and an fp16 config starts whatever the CPU model (DeepSpeed's CPU accelerator refuses fp16
+    where oneDNN lacks native fp16 kernels; torch computes it on any CPU).
 
     Args:
         model: The plain model (DeepSpeed moves and, for stage 3, partitions it).
@@ -519,7 +549,8 @@ def deepspeed_initialize(
         client = client(model.parameters())
     _check_zero_optimizer(client, config)
     cpu = not torch.cuda.is_available()
-    with _without_cpu_shm_op(skip=cpu and not build_cpu_comm_op):
+    fp16 = cpu and (config.get("fp16") or {}).get("enabled") is True
+    with _without_cpu_shm_op(skip=cpu and not build_cpu_comm_op), _fp16_on_any_cpu(fp16):
         engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model,
             optimizer=client,
