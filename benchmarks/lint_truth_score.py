@@ -12,7 +12,10 @@ within 3 (the nearest). It is **true** when that row is ``bug``, **false** when 
 ``correct``. A finding no truth row sits beside is looked up in the extra rows (``--extra``:
 a set's triage table, ``verdict`` ``true``/``false``, or a CSV of the truth's columns): a finding
 read there counts as it was read; one read nowhere counts as false and is listed as **unread**,
-for a person to read. A ``bug`` row no finding matched is **missed**. GT015 (the process group
+for a person to read. An extra row may name, in a ``same_as`` column (``path:line``), the truth
+row of the same instance that the reader wrote at another line (the call site where the linter
+reports the write inside the helper, say): a ``true`` finding read there also counts that row
+as found, so one instance is not counted both true and missed. A ``bug`` row no finding matched is **missed**. GT015 (the process group
 never destroyed) is reported apart, as the set-6 README does.
 
 Usage::
@@ -54,6 +57,7 @@ class Row:
     rule: str
     verdict: str  # "bug" or "correct"
     why: str = ""
+    same_as: str = ""  # extra rows only: "path:line" of the truth row of the same instance
 
 
 @dataclass
@@ -110,6 +114,7 @@ def read_rows(path: str | Path, *, extra: bool = False) -> list[Row]:
                     raw["rule"],
                     verdict,
                     raw.get("why", ""),
+                    (raw.get("same_as") or "").strip() if extra else "",
                 )
             )
     return rows
@@ -162,6 +167,12 @@ def score(
                 tally.true += 1
                 if match is not None:
                     found.add(match)
+                elif read.same_as:
+                    found.update(
+                        t
+                        for t in by_repo[repo]
+                        if f"{t.path}:{t.line}" == read.same_as and t.rule == rule
+                    )
                 continue
             tally.false += 1
             if read is None:

@@ -112,3 +112,32 @@ def test_a_missing_checkout_is_an_error(scorer, tmp_path):
     truth = tmp_path / "t.csv"
     truth.write_text(HEADER + "x/y,c,a.py,1,GT007,bug,\n")
     assert scorer.main([str(truth), str(tmp_path)]) == 2
+
+
+def test_an_extra_row_can_name_the_truth_row_of_the_same_instance(scorer, tmp_path):
+    """The reader wrote the instance at its call site (line 40), the linter reports the write
+    (line 11): the extra row's ``same_as`` counts the truth row found, not missed."""
+    truth = [scorer.Row("o/p", "c", "train.py", 40, "GT007", "bug")]
+    findings = {"o/p": [("train.py", 11, "GT007", "saves")]}
+    plain = scorer.Row("o/p", "", "train.py", 11, "GT007", "bug", "the same write")
+    linked = scorer.Row("o/p", "", "train.py", 11, "GT007", "bug", "the same write", "train.py:40")
+    before = scorer.score(truth, findings, [plain]).overall
+    after = scorer.score(truth, findings, [linked]).overall
+    assert (before.true, before.missed) == (1, 1)  # true, and the instance missed as well
+    assert (after.true, after.missed) == (1, 0)
+    other_rule = scorer.Row("o/p", "", "train.py", 11, "GT007", "bug", "", "train.py:41")
+    assert scorer.score(truth, findings, [other_rule]).overall.missed == 1  # no such row
+
+
+def test_same_as_is_read_from_an_extra_csv(scorer, tmp_path):
+    extra = tmp_path / "extra.csv"
+    extra.write_text(
+        "repo,commit,path,line,rule,verdict,why,same_as\n"
+        "o/p,,helpers.py,328,GT017,bug,the helper's write,train.py:219\n"
+        "o/p,,helpers.py,330,GT017,bug,no link,\n"
+    )
+    rows = scorer.read_rows(extra, extra=True)
+    assert [r.same_as for r in rows] == ["train.py:219", ""]
+    truth = tmp_path / "truth.csv"
+    truth.write_text(HEADER + "o/p,c,train.py,219,GT017,bug,x\n")
+    assert scorer.read_rows(truth)[0].same_as == ""  # truth rows never link
