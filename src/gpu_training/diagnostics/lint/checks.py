@@ -95,6 +95,10 @@ __all__ = ["FileChecker"]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
+_FABRIC_START = frozenset(
+    {"launch", "setup", "setup_module", "setup_dataloaders", "setup_optimizers"}
+)
+"""Fabric's methods that start the processes or join the group (its constructor does neither)."""
 BASE_INHERITED = ("distributed", "unset_sampler")
 """What a subclass's file takes from the module of its base class: the process group and the
 shuffling sampler that never gets set_epoch (the loader the base class hands its epoch loop)."""
@@ -131,6 +135,10 @@ class FileChecker:
         names = [call_name(c, self.imports) for c in self.all_calls]
         spawn = any("multiprocessing" in n and n.endswith("spawn") for n in names)
         self.framework = next((_FRAMEWORKS[t] for t in self.tails if t in _FRAMEWORKS), None)
+        if self.framework == "fabric" and not self.tails & _FABRIC_START:
+            # a Fabric never launched nor set up starts no processes and no group: one
+            # process that only borrows Fabric's loggers or precision plugin
+            self.framework = None
         # what the project's helpers in other modules do (this file's own code is read here)
         self.callee_summaries = [
             project.summary(ref)
