@@ -56,6 +56,7 @@ from gpu_training.diagnostics.lint.context import (
     terminates,
 )
 from gpu_training.diagnostics.lint.device_switch import one_process_side
+from gpu_training.diagnostics.lint.disjunctions import remaining_disjuncts
 from gpu_training.diagnostics.lint.epochs import (
     hands_loader_on,
     iterates_loader,
@@ -396,6 +397,18 @@ class FileChecker:
         self._expr(stmt.test, ctx, scope)
         kind = classify_guard(self.facts, stmt.test, scope)
         optional = replace(ctx, optional=ctx.optional | none_tested(stmt.test))
+        rest = remaining_disjuncts(ctx.disjunctions, stmt.test)
+        if (
+            kind is None
+            and rest is not None
+            and classify_guard(self.facts, rest, scope) == GUARD_RANK0
+        ):
+            body_ctx = self._guarded(optional, GUARD_RANK0, rest, scope)[0]
+            self._stmts(stmt.body, body_ctx, scope, branch=True)
+            self._stmts(stmt.orelse, ctx, scope, branch=True)
+            return ctx
+        if kind is None and isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.Or):
+            optional = replace(optional, disjunctions=(*ctx.disjunctions, stmt.test))
         if kind is None:
             single = replace(optional, rank0=True, local_only=False, guard="one process")
             negated = self._negations.setdefault(stmt, ast.UnaryOp(op=ast.Not(), operand=stmt.test))

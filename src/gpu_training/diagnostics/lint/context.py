@@ -67,6 +67,9 @@ class Ctx:
     launcher: bool = False  # after `if worker_mode: run_worker(); return`: the parent's code
     optional: frozenset[str] = frozenset()  # names an enclosing `if` tested against None
     loops: tuple[ast.stmt, ...] = ()
+    # the `A or B` tests of enclosing ifs not read as rank guards: a nested `if not A:` (or
+    # `if X:` under `if not X or B:`) leaves B to hold, maybe a rank-0 test
+    disjunctions: tuple[ast.BoolOp, ...] = ()
 
 
 def entry_context(sites: list[Ctx]) -> Ctx:
