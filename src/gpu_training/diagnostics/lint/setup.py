@@ -33,6 +33,7 @@ from collections.abc import Callable
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
 from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
+from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
 from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -109,7 +110,12 @@ class SetupRules:
         last = tail(name)
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
         is_dp = last == "DataParallel" and (name == last or "torch" in name or "nn." in name)
-        if is_dp and not self._evaluates_only() and not infers_only(self.facts, call, scope):
+        if (
+            is_dp
+            and not self._evaluates_only()
+            and not infers_only(self.facts, call, scope)
+            and not in_unlaunched_branch(scope.node, call)
+        ):
             self.report(call, "GT001", "one process, one thread per GPU")
         if last == "DataLoader":
             self._data_loader(call, scope, one_process)
