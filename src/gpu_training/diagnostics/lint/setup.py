@@ -425,7 +425,9 @@ def global_rank_source(
             return None
         values = facts.lookup_all(key, scope)
         if values and all(v is None for v in values) and isinstance(expr, ast.Name):
-            return _unpacked_global_rank(facts, expr.id, scope, len(values))
+            return _unpacked_global_rank(facts, expr.id, scope, len(values)) or _passed_global_rank(
+                facts, expr.id, scope, depth
+            )
         if not values or any(v is None for v in values):
             return None
         sources = [global_rank_source(facts, v, scope, depth + 1) for v in values if v is not None]
@@ -464,6 +466,42 @@ def _unpacked_global_rank(facts: ModuleFacts, name: str, scope: Scope, count: in
         return None
     call = found[-1]
     return f"{name} from {ast.unparse(call)} (line {call.lineno}), which returns the global rank"
+
+
+def _passed_global_rank(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> str | None:
+    """A parameter (``def train(args, rank):``) that every call in this file passes the global
+    rank (``train(args, int(os.environ["RANK"]))``). The function must not be handed on as a
+    value (``mp.spawn(train, ...)`` passes the local index), and must be called at least once."""
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    args = func.args
+    names = [a.arg for a in [*args.posonlyargs, *args.args]]
+    if name not in names + [a.arg for a in args.kwonlyargs]:
+        return None
+    loads = [
+        n
+        for n in ast.walk(facts.tree)
+        if isinstance(n, ast.Name) and n.id == func.name and isinstance(n.ctx, ast.Load)
+    ]
+    sites = facts.calls_of(func)
+    if not sites or len(loads) != len(sites):
+        return None  # referenced other than by a call: a spawn target or a callback
+    index = names.index(name) if name in names else -1
+    found: list[str] = []
+    for call, where in sites:
+        value = keyword_arg(call, name)
+        if value is None and 0 <= index < len(call.args):
+            if any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
+                return None
+            value = call.args[index]
+        if value is None:
+            return None
+        source = global_rank_source(facts, value, where, depth + 1)
+        if source is None:
+            return None
+        found.append(f"{func.name}() called with {ast.unparse(value)} (line {call.lineno}): {source}")
+    return found[0]
 
 
 def _environ_copy(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:
