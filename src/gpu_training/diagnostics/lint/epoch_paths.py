@@ -101,3 +101,48 @@ def _builds_sampler(value: ast.expr, facts: ModuleFacts) -> bool:
     if tail(call_name(value, facts.imports)) == "DistributedSampler":
         return True
     return any(s.shuffles_sampler for s in facts.summaries(value))
+
+
+def constant_epochs(facts: ModuleFacts) -> list[ast.Call]:
+    """``GT005``: ``set_epoch(x)`` inside a ``for`` loop where ``x`` is the same every pass:
+    a literal, or a name (``args.epochs``) that nothing in the enclosing function rebinds
+    and whose root is neither the loop's target nor ``self`` (a method may advance
+    ``self.epoch``). The sampler is reseeded with the same seed each epoch, as if never set."""
+    found: list[ast.Call] = []
+    for func in [facts.tree, *ast.walk(facts.tree)]:
+        if not isinstance(func, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        stored = {
+            dotted(n) for n in ast.walk(func) if isinstance(getattr(n, "ctx", None), ast.Store)
+        }
+        for loop in ast.walk(func):
+            if not isinstance(loop, ast.For) or not isinstance(loop.target, ast.Name):
+                continue
+            for call in _loop_calls(loop):
+                if tail(dotted(call.func)) != "set_epoch" or len(call.args) != 1:
+                    continue
+                arg = call.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, int):
+                    found.append(call)
+                    continue
+                key = dotted(arg) if isinstance(arg, ast.Attribute) else None  # a bare name
+                root = key.split(".")[0] if key else None  # may be a parameter: the epoch
+                if key is None or root in (loop.target.id, "self", "cls"):
+                    continue
+                if not any(s is not None and (s == root or s.startswith(f"{root}.")) for s in stored):
+                    found.append(call)
+    return list(dict.fromkeys(found))
+
+
+def _loop_calls(loop: ast.For) -> list[ast.Call]:
+    """The calls in the loop's body outside nested functions and classes."""
+    out: list[ast.Call] = []
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
-from gpu_training.diagnostics.lint.epoch_paths import reseeded_on_one_path
+from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.model import call_name
@@ -73,6 +73,8 @@ def whole_file_rules(checker: FileChecker) -> None:
         loops, all_calls, tails, facts, imported=checker.unset_sampler
     ):
         checker.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
+    for call in constant_epochs(facts) if checker.distributed else []:
+        checker.add(call, "GT005", "set_epoch() gets the same value every epoch")
     for loop in reseeded_on_one_path(facts):
         checker.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
     for arguments in saves_on_each_node(facts):
