@@ -129,7 +129,9 @@ def constant_epochs(facts: ModuleFacts) -> list[ast.Call]:
                 root = key.split(".")[0] if key else None  # may be a parameter: the epoch
                 if key is None or root in (loop.target.id, "self", "cls"):
                     continue
-                if not any(s is not None and (s == root or s.startswith(f"{root}.")) for s in stored):
+                if not any(
+                    s is not None and (s == root or s.startswith(f"{root}.")) for s in stored
+                ):
                     found.append(call)
     return list(dict.fromkeys(found))
 

@@ -481,7 +481,7 @@ def _passed_global_rank(facts: ModuleFacts, name: str, scope: Scope, depth: int)
         return None
     loads = [
         n
-        for n in ast.walk(facts.tree)
+        for n in facts.nodes  # the module's one walk, kept
         if isinstance(n, ast.Name) and n.id == func.name and isinstance(n.ctx, ast.Load)
     ]
     sites = facts.calls_of(func)
@@ -500,7 +500,9 @@ def _passed_global_rank(facts: ModuleFacts, name: str, scope: Scope, depth: int)
         source = global_rank_source(facts, value, where, depth + 1)
         if source is None:
             return None
-        found.append(f"{func.name}() called with {ast.unparse(value)} (line {call.lineno}): {source}")
+        found.append(
+            f"{func.name}() called with {ast.unparse(value)} (line {call.lineno}): {source}"
+        )
     return found[0]
 
 
