@@ -9,8 +9,10 @@ depends on a time: the clock is replaced.
 from __future__ import annotations
 
 import importlib.util
+import io
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -55,15 +57,27 @@ def test_the_read_baseline_is_the_median_of_cold_reads(
     assert len(settled) == 3  # and with the memory in the same state
 
 
-def test_disk_read_reads_the_whole_file(bench: ModuleType, tmp_path: Path) -> None:
+def test_disk_read_reads_the_whole_file(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     probe = tmp_path / "probe.bin"
     size = bench.BLOCK + 12345  # a partial last block
     bench.disk_write(probe, size)
     assert probe.stat().st_size == size
     bench.drop_cache(probe)
+    got: list[int] = []
+
+    class Counting(io.FileIO):
+        def readinto(self, buffer: Any) -> int:
+            n = super().readinto(buffer) or 0
+            got.append(n)
+            return n
+
+    monkeypatch.setattr(
+        bench, "open", lambda path, mode, buffering: Counting(path, "r"), raising=False
+    )
     assert bench.disk_read(probe) > 0.0
-    with open(probe, "rb") as f:
-        assert len(f.read()) == size
+    assert sum(got) == size and got[-1] == 0  # every byte, then the end of the file
 
 
 def test_a_round_is_measured_against_its_own_disk(bench: ModuleType) -> None:

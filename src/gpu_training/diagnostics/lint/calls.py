@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 
-__all__ = ["call_arg", "is_const", "keyword_arg", "node_start", "tail"]
+__all__ = ["call_arg", "is_const", "keyword_arg", "node_start", "parameter_index", "tail"]
 
 
 def tail(name: str | None) -> str:
@@ -40,17 +40,34 @@ def call_arg(call: ast.Call, index: int, name: str) -> ast.expr | None:
 
     Args:
         call: The call.
-        index: The parameter's position (0-based) in the callee's signature.
+        index: The parameter's position (0-based) in the callee's signature; negative for a
+            keyword-only parameter (:func:`parameter_index`).
         name: The parameter's name.
 
     Returns:
         The argument expression, or None when not passed (or hidden behind ``*args``).
     """
     value = keyword_arg(call, name)
-    if value is None and len(call.args) > index:
+    if value is None and 0 <= index < len(call.args):
         candidate = call.args[index]
         value = None if isinstance(candidate, ast.Starred) else candidate
     return value
+
+
+def parameter_index(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> int:
+    """Where a call site passes parameter ``name`` of ``func`` by position: its index among the
+    positional parameters, a leading ``self``/``cls`` left out (the call does not pass it);
+    -1 for a keyword-only parameter or a name ``func`` does not have.
+
+    Example:
+        >>> func = ast.parse("def f(self, model, rank, *, seed): pass").body[0]
+        >>> parameter_index(func, "rank"), parameter_index(func, "seed")
+        (1, -1)
+    """
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    if name not in params:
+        return -1
+    return params.index(name) - (1 if params[0] in ("self", "cls") else 0)
 
 
 def is_const(expr: ast.expr | None, value: object) -> bool:

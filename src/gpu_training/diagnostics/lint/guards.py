@@ -34,6 +34,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 
+from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
 from gpu_training.diagnostics.lint.locality import (
     FLAG_NAMES,
     guard_locality,
@@ -264,21 +265,15 @@ def _passed_flag(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> str
     if key in facts.memo:
         return facts.memo[key]  # type: ignore[return-value]
     facts.memo[key] = None
-    index = (
-        params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
-        if name in params
-        else -1
-    )
+    index = parameter_index(func, name)
     sites = [(facts, call, where) for call, where in facts.calls_of(func)]
     if facts.resolver is not None:  # callers that run on every rank (not validate.py)
         resolver = facts.resolver
         sites += [s for s in resolver.incoming((facts, func)) if resolver.runs_distributed(s[0])]
     kinds: set[str | None] = set()
     for owner, call, where in sites:
-        value = next((k.value for k in call.keywords if k.arg == name), None)
-        if value is None and 0 <= index < len(call.args):
-            value = call.args[index]
-        if value is None or isinstance(value, ast.Starred):
+        value = call_arg(call, index, name)
+        if value is None:
             kinds.add(None)  # the default, or unknown
             continue
         if isinstance(value, ast.Name) and owner.lookup(value.id, where, _start(value)) == [None]:
@@ -566,16 +561,13 @@ def _parameter_gets_rank(facts: ModuleFacts, name: str, scope: Scope, depth: int
 def _passed_ranks(
     facts: ModuleFacts, func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, depth: int
 ) -> bool:
-    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-    if name not in params:
+    if name not in [a.arg for a in [*func.args.posonlyargs, *func.args.args]]:
         return False
-    index = params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
+    index = parameter_index(func, name)
     passed: list[tuple[ast.expr, Scope]] = []
     for sub, where in facts.calls_of(func):
-        value = next((k.value for k in sub.keywords if k.arg == name), None)
-        if value is None and 0 <= index < len(sub.args):
-            value = sub.args[index]
-        if value is not None and not isinstance(value, ast.Starred):
+        value = call_arg(sub, index, name)
+        if value is not None:
             passed.append((value, where))
     return bool(passed) and all(rank_derived(facts, v, w, depth + 1) for v, w in passed)
 

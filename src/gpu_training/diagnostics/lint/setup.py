@@ -30,7 +30,14 @@ import ast
 import re
 from collections.abc import Callable
 
-from gpu_training.diagnostics.lint.calls import call_arg, is_const, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.calls import (
+    call_arg,
+    is_const,
+    keyword_arg,
+    node_start,
+    parameter_index,
+    tail,
+)
 from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
@@ -476,8 +483,7 @@ def _passed_global_rank(facts: ModuleFacts, name: str, scope: Scope, depth: int)
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
     args = func.args
-    names = [a.arg for a in [*args.posonlyargs, *args.args]]
-    if name not in names + [a.arg for a in args.kwonlyargs]:
+    if name not in [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]:
         return None
     loads = [
         n
@@ -487,14 +493,10 @@ def _passed_global_rank(facts: ModuleFacts, name: str, scope: Scope, depth: int)
     sites = facts.calls_of(func)
     if not sites or len(loads) != len(sites):
         return None  # referenced other than by a call: a spawn target or a callback
-    index = names.index(name) if name in names else -1
+    index = parameter_index(func, name)
     found: list[str] = []
     for call, where in sites:
-        value = keyword_arg(call, name)
-        if value is None and 0 <= index < len(call.args):
-            if any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
-                return None
-            value = call.args[index]
+        value = call_arg(call, index, name)
         if value is None:
             return None
         source = global_rank_source(facts, value, where, depth + 1)
