@@ -19,9 +19,17 @@ import re
 import sys
 from pathlib import Path
 
+from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.project import Project
 
-__all__ = ["SKIP_DIRS", "importers", "is_test_file", "python_files", "unresolved"]
+__all__ = [
+    "SKIP_DIRS",
+    "context_files",
+    "importers",
+    "is_test_file",
+    "python_files",
+    "unresolved",
+]
 
 SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 """Directories never searched for Python files (hidden ones neither)."""
@@ -62,14 +70,25 @@ _MAX_CONTEXT_BYTES = 1_000_000
 
 
 def importers(
-    files: list[Path], repositories: list[Path], project: Project, *, include_tests: bool
+    files: list[Path],
+    repositories: list[Path],
+    project: Project,
+    *,
+    include_tests: bool,
+    skip: set[Path] | None = None,
+    texts: dict[Path, str | None] | None = None,
 ) -> list[Path]:
     """The files of the linted files' repositories that import one of them (and are not
     linted themselves): their call sites decide the context of the linted helpers (a save in
-    ``utils.py`` every caller of which guards with rank 0), as in a run over the repository."""
+    ``utils.py`` every caller of which guards with rank 0), as in a run over the repository.
+
+    ``skip``: files already in the run (default: ``files``); ``texts``: a cache of the
+    repositories' file texts, shared between calls."""
     if not repositories or not files:
         return []
     linted = {_real(f) for f in files}
+    skip = linted if skip is None else skip
+    texts = {} if texts is None else texts
     stems = {f.stem for f in files if f.stem != "__init__"} | {
         f.parent.name for f in files if f.stem == "__init__"
     }
@@ -86,17 +105,93 @@ def importers(
         if len(candidates) > _MAX_PROJECT_FILES:
             continue
         for candidate in candidates:
-            if _real(candidate) in linted or candidate in found:
+            if _real(candidate) in skip or candidate in found:
                 continue
-            try:
-                if candidate.stat().st_size > _MAX_CONTEXT_BYTES:
-                    continue
-                text = candidate.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            if pattern.search(text) and _imports_one_of(project, candidate, text, linted):
+            text = texts[candidate] if candidate in texts else _context_text(candidate)
+            texts[candidate] = text
+            if (
+                text is not None
+                and pattern.search(text)
+                and _imports_one_of(project, candidate, text, linted)
+            ):
                 found.append(candidate)
     return found
+
+
+def context_files(
+    project: Project, repositories: list[Path], roots: list[Path], *, include_tests: bool
+) -> list[Path]:
+    """Add to ``project`` every file a run over the linted files' repositories would let
+    decide their findings and that is not linted itself (read, not reported): the files that
+    import a linted one, the modules defining the base classes of its classes, and in turn
+    theirs, transitively.
+
+    So ``lint train.py`` answers as ``lint .`` does for ``train.py``: ``utils.py`` imported by
+    ``trainer.py`` imported by ``main.py`` gets the process group ``main.py`` creates; a
+    subclass in ``agem.py`` runs the epoch loop its base class in ``vanilla.py`` builds, which
+    ``main.py`` starts under a process group. A test tree is context only with
+    ``include_tests``; a repository of more than 5,000 files gives no importers.
+
+    Args:
+        project: The run's project, with the linted files added.
+        repositories: Their repositories' roots (:func:`find_project_root`).
+        roots: The directories named on the command line (and those of the files).
+        include_tests: Whether test trees belong to the run.
+
+    Returns:
+        The context files added, in the order they were found.
+    """
+    known = {_real(Path(name)) for name in project.linted}
+    frontier = [Path(name) for name in project.linted]
+    texts: dict[Path, str | None] = {}
+    found: list[Path] = []
+    while frontier:
+        new = importers(
+            frontier, repositories, project, include_tests=include_tests, skip=known, texts=texts
+        )
+        for path in frontier:
+            facts = project.facts_for(_real(path))
+            for base in base_modules(facts, project) if facts is not None else []:
+                where = _real(Path(base.path))
+                if where not in known and _inside(where, repositories or roots, include_tests):
+                    new.append(where)
+        frontier = []
+        for path in new:
+            if _real(path) in known:
+                continue
+            known.add(_real(path))
+            tree = _parsed(texts[path] if path in texts else _context_text(path), path)
+            if tree is not None:
+                project.add(str(path), tree)
+                found.append(path)
+                frontier.append(path)
+    return found
+
+
+def _inside(path: Path, tops: list[Path], include_tests: bool) -> bool:
+    for top in tops:
+        top = _real(top)
+        if top == path or top in path.parents:
+            return include_tests or not is_test_file(path.relative_to(top).parts)
+    return False
+
+
+def _context_text(path: Path) -> str | None:
+    try:
+        if path.stat().st_size > _MAX_CONTEXT_BYTES:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _parsed(text: str | None, path: Path) -> ast.Module | None:
+    if text is None:
+        return None
+    try:
+        return ast.parse(text, filename=str(path))
+    except (SyntaxError, ValueError, RecursionError):
+        return None
 
 
 def _imports_one_of(project: Project, path: Path, text: str, linted: set[Path]) -> bool:

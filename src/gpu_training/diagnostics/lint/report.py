@@ -49,7 +49,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.discover import SKIP_DIRS, importers, is_test_file, unresolved
+from gpu_training.diagnostics.lint.discover import (
+    SKIP_DIRS,
+    context_files,
+    is_test_file,
+    unresolved,
+)
 from gpu_training.diagnostics.lint.project import Project, find_project_root
 from gpu_training.diagnostics.lint.rules import BUG, HYGIENE, RULES, explain
 from gpu_training.diagnostics.lint.run import RawFinding, check_project
@@ -432,11 +437,8 @@ def lint_paths(
             errors.append(FileError(name, err.line, err.col, err.message))
             continue
         sources[name] = source
-    for file in importers(files, repositories, project, include_tests=include_tests):
-        try:  # context: what calls the linted files' functions, and from where (not reported)
-            project.add(str(file), _parse(_read(file), str(file)))
-        except _Unparsable:
-            continue
+    # context: what imports the linted files or defines their base classes (not reported)
+    context_files(project, repositories, roots, include_tests=include_tests)
     findings: list[Finding] = []
     for name, raw in check_project(project).items():
         if name not in sources:
