@@ -15,7 +15,10 @@ read there counts as it was read; one read nowhere counts as false and is listed
 for a person to read. An extra row may name, in a ``same_as`` column (``path:line``), the truth
 row of the same instance that the reader wrote at another line (the call site where the linter
 reports the write inside the helper, say): a ``true`` finding read there also counts that row
-as found, so one instance is not counted both true and missed. A ``bug`` row no finding matched is **missed**. GT015 (the process group
+as found, so one instance is not counted both true and missed. A ``bug`` row no finding matched is **missed**.
+Precision is true findings over findings; **recall is instances found over instances**
+(``found / (found + missed)``): two findings of one instance (a helper's write and its call
+site) are two true findings and one instance found. GT015 (the process group
 never destroyed) is reported apart, as the set-6 README does.
 
 Usage::
@@ -68,6 +71,9 @@ class Tally:
     true: int = 0
     false: int = 0
     missed: int = 0
+    found: int = 0
+    """Distinct instances found: two true findings of one instance (a helper's write and
+    its call site) count once here, twice in ``true``."""
 
     @property
     def precision(self) -> float | None:
@@ -75,7 +81,8 @@ class Tally:
 
     @property
     def recall(self) -> float | None:
-        return self.true / (self.true + self.missed) if self.true + self.missed else None
+        """Instances found over instances: ``found / (found + missed)``."""
+        return self.found / (self.found + self.missed) if self.found + self.missed else None
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "precision": self.precision, "recall": self.recall}
@@ -156,6 +163,7 @@ def score(
         extra_by_repo[e.repo].append(e)
     tallies: dict[str, Tally] = defaultdict(Tally)
     found: set[Row] = set()
+    instances: dict[str, set[Row]] = defaultdict(set)  # per rule: the truth or extra rows found
     for repo in sorted(set(by_repo) | set(findings)):
         for path, line, rule, detail in findings.get(repo, []):
             tally = tallies[rule]
@@ -165,14 +173,19 @@ def score(
             read = match or _nearest(extra_by_repo[repo], path, line, rule)
             if read is not None and read.verdict == "bug":
                 tally.true += 1
+                same = [
+                    t
+                    for t in by_repo[repo]
+                    if read.same_as and f"{t.path}:{t.line}" == read.same_as and t.rule == rule
+                ]
                 if match is not None:
                     found.add(match)
-                elif read.same_as:
-                    found.update(
-                        t
-                        for t in by_repo[repo]
-                        if f"{t.path}:{t.line}" == read.same_as and t.rule == rule
-                    )
+                    instances[rule].add(match)
+                elif same:
+                    found.update(same)
+                    instances[rule].update(same)
+                else:  # an instance the truth lacks, read true in the extra rows
+                    instances[rule].add(read)
                 continue
             tally.false += 1
             if read is None:
@@ -185,6 +198,8 @@ def score(
             result.missed.append(
                 {"repo": row.repo, "path": row.path, "line": row.line, "rule": row.rule}
             )
+    for rule, rows in instances.items():
+        tallies[rule].found = len(rows)
     result.per_rule = dict(sorted(tallies.items()))
     for rule, tally in result.per_rule.items():
         total = result.apart if rule in APART else result.overall
@@ -192,6 +207,7 @@ def score(
         total.true += tally.true
         total.false += tally.false
         total.missed += tally.missed
+        total.found += tally.found
     return result
 
 
@@ -217,16 +233,16 @@ def _pct(value: float | None) -> str:
 
 
 def format_text(result: Score) -> str:
-    lines = [f"{'rule':8} findings true false missed precision recall"]
+    lines = [f"{'rule':8} findings true false found missed precision recall"]
     for rule, t in result.per_rule.items():
         lines.append(
-            f"{rule:8} {t.findings:8} {t.true:4} {t.false:5} {t.missed:6} "
+            f"{rule:8} {t.findings:8} {t.true:4} {t.false:5} {t.found:5} {t.missed:6} "
             f"{_pct(t.precision):>9} {_pct(t.recall):>6}"
         )
     for name, t in (("overall (bug rules, GT015 apart)", result.overall), ("GT015", result.apart)):
         lines.append(
-            f"{name}: findings {t.findings}, true {t.true}, false {t.false}, missed {t.missed}, "
-            f"precision {_pct(t.precision)}, recall {_pct(t.recall)}"
+            f"{name}: findings {t.findings}, true {t.true}, false {t.false}, instances found "
+            f"{t.found}, missed {t.missed}, precision {_pct(t.precision)}, recall {_pct(t.recall)}"
         )
     for title, items in (
         ("unread findings (no truth or extra row beside them; counted false)", result.unread),

@@ -141,3 +141,22 @@ def test_same_as_is_read_from_an_extra_csv(scorer, tmp_path):
     truth = tmp_path / "truth.csv"
     truth.write_text(HEADER + "o/p,c,train.py,219,GT017,bug,x\n")
     assert scorer.read_rows(truth)[0].same_as == ""  # truth rows never link
+
+
+def test_recall_counts_instances_not_findings(scorer):
+    """Two true findings of one instance (the call site linked by ``same_as``, and the write
+    beside the truth row) are two true findings but one instance found: recall 1 of 2
+    instances, not 2 of 3."""
+    truth = [
+        scorer.Row("o/p", "c", "utils.py", 20, "GT006", "bug"),
+        scorer.Row("o/p", "c", "train.py", 90, "GT006", "bug"),
+    ]
+    findings = {"o/p": [("utils.py", 21, "GT006", "the write"), ("train.py", 50, "GT006", "call")]}
+    call = scorer.Row("o/p", "", "train.py", 50, "GT006", "bug", "the call site", "utils.py:20")
+    result = scorer.score(truth, findings, [call]).overall
+    assert (result.findings, result.true, result.found, result.missed) == (2, 2, 1, 1)
+    assert result.precision == 1.0 and result.recall == 0.5
+    # an instance the truth lacks, read true in the extra rows, is an instance found
+    unlisted = scorer.Row("o/p", "", "train.py", 50, "GT006", "bug", "another instance")
+    result = scorer.score(truth, findings, [unlisted]).overall
+    assert (result.true, result.found, result.missed) == (2, 2, 1)
