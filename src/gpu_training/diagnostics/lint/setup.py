@@ -44,6 +44,7 @@ from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
 from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.rank_equal import equal_sides, fstring_values
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
@@ -375,14 +376,31 @@ class SetupRules:
             indices += [output] if output is not None else []
         for branch in [i for i in indices if isinstance(i, ast.IfExp)]:
             indices += [branch.body, branch.orelse]  # `"cpu" if low_memory else rank`
-        for index in indices:
-            if isinstance(index, ast.JoinedStr):  # f"cuda:{rank}"
-                index = next(
-                    (v.value for v in index.values if isinstance(v, ast.FormattedValue)), index
-                )
-            evidence = global_rank_source(self.facts, index, scope)
+        for index in [v for i in indices for v in fstring_values(i)]:  # f"{device}:{rank}"
+            evidence = global_rank_source(self.facts, index, scope) or self._equal_to_rank(
+                index, scope
+            )
             if evidence is not None:
                 self.report(index, "GT018", evidence)
+
+    def _equal_to_rank(self, index: ast.expr, scope: Scope) -> str | None:
+        """An index a branch's test makes equal to the global rank (``if dist.get_rank() ==
+        i: shard.to(f"cuda:{i}")``): :mod:`~gpu_training.diagnostics.lint.rank_equal`."""
+        if not isinstance(index, (ast.Name, ast.Attribute)):
+            return None
+        text = ast.unparse(index)
+        if not any(  # the function's nodes, kept: no walk where no test compares the index
+            isinstance(n, ast.Compare)
+            and text in (ast.unparse(n.left), *map(ast.unparse, n.comparators))
+            for n in self.facts.scope_nodes.get(scope.node, [])
+        ):
+            return None
+        body = getattr(scope.node, "body", [])
+        for side in equal_sides(body, index):
+            source = global_rank_source(self.facts, side, scope)
+            if source is not None:
+                return f"{ast.unparse(index)} == {ast.unparse(side)} here: {source}"
+        return None
 
 
 def global_rank_source(
