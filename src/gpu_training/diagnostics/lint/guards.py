@@ -502,6 +502,11 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
         )
     if isinstance(expr, ast.UnaryOp):
         return rank_derived(facts, expr.operand, scope, depth + 1)
+    if isinstance(expr, ast.BoolOp) and isinstance(expr.op, ast.Or):  # `env.get("RANK") or 0`
+        ranks = [rank_derived(facts, v, scope, depth + 1) for v in expr.values]
+        return any(ranks) and all(
+            r or isinstance(v, ast.Constant) for r, v in zip(ranks, expr.values, strict=True)
+        )
     if isinstance(expr, ast.IfExp):
         return rank_derived(facts, expr.body, scope, depth + 1) or rank_derived(
             facts, expr.orelse, scope, depth + 1

@@ -23,12 +23,13 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
-from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
+from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 
 __all__ = ["hf_every_process", "saves_on_each_node"]
 
 _PACKAGES = ("transformers", "trl")
 _LAUNCH_KEYWORDS = ("local_rank", "deepspeed")
+_LAUNCHER_ENV = frozenset({"LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"})
 
 
 def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
@@ -39,11 +40,34 @@ def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
         for c in facts.calls
         if isinstance(c.func, ast.Attribute) and c.func.attr == "train"
     }
+    from_env = _reads_launcher_env(facts)
     return {
         facts.scope_containing(c).node
         for c in facts.calls
-        if _launch_arguments(facts, c) and facts.scope_containing(c).node in trains
+        if (_launch_arguments(facts, c) or (from_env and _hf_arguments(facts, c)))
+        and facts.scope_containing(c).node in trains
     }
+
+
+def _reads_launcher_env(facts: ModuleFacts) -> bool:
+    """The file reads a variable only a launcher sets (``os.environ.get("WORLD_SIZE", 1)``,
+    ``os.environ["LOCAL_RANK"]``): it is written to be started once per GPU by ``torchrun``
+    or ``deepspeed``, and a Hugging Face ``Trainer`` in it runs in every process."""
+    for node in facts.nodes:
+        key: ast.expr | None = None
+        if isinstance(node, ast.Subscript):
+            key = node.slice if facts.imports.resolve(dotted(node.value)) == "os.environ" else None
+        elif isinstance(node, ast.Call) and node.args:
+            name = call_name(node, facts.imports)
+            key = node.args[0] if name in ("os.environ.get", "os.getenv") else None
+        if isinstance(key, ast.Constant) and key.value in _LAUNCHER_ENV:
+            return True
+    return False
+
+
+def _hf_arguments(facts: ModuleFacts, call: ast.Call) -> bool:
+    name = call_name(call, facts.imports)
+    return name.split(".")[0] in _PACKAGES and tail(name).endswith(("TrainingArguments", "Config"))
 
 
 def _launch_arguments(facts: ModuleFacts, call: ast.Call) -> bool:

@@ -39,6 +39,7 @@ from gpu_training.diagnostics.lint.collectives import (
 )
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.handles import appended_by_rank0_only
+from gpu_training.diagnostics.lint.log_files import truncated_log_file
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
     Scope,
@@ -421,6 +422,8 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         text = mode.value if isinstance(mode, ast.Constant) else None
         if isinstance(text, str) and set(text) & set("wax+"):
             path = None if appended_by_rank0_only(facts, call, scope) else call_arg(call, 0, "file")
+    elif name == "logging.FileHandler":  # mode "w" empties the file: not an appended log
+        path = truncated_log_file(call)
     elif method in ("write_text", "write_bytes"):
         assert isinstance(call.func, ast.Attribute)
         path, what = call.func.value, method
