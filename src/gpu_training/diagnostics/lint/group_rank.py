@@ -1,0 +1,65 @@
+"""The names that hold the rank a process group was created with: the global rank, whatever
+they are called (``GT017``).
+
+``dist.init_process_group(..., rank=local_rank)`` makes ``local_rank`` this process's rank in
+the group, its *global* rank, by definition: a guard ``if args.local_rank == 0:`` on that value
+holds on one process of the whole job, not one per node. (A launch over several nodes that
+passed the node-local index here would give two processes the same rank, and the group would
+not form.) A spawn worker that creates a one-machine group from its spawn index is the common
+case.
+
+The names are read over the whole file: the ``rank=`` argument itself, the names bound to it
+(``args.local_rank = local_rank``) and the names it is bound from (``rank = args.local_rank``).
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> src = ("def worker(gpu, args):\\n    args.gpu = gpu\\n"
+    ...        "    dist.init_process_group('nccl', rank=gpu, world_size=2)\\n")
+    >>> sorted(group_rank_keys(ModuleFacts(ast.parse(src))))
+    ['args.gpu', 'gpu']
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import call_arg, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
+
+__all__ = ["group_rank_keys"]
+
+_RANK_POSITION = 4  # init_process_group(backend, init_method, timeout, world_size, rank, ...)
+
+
+def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
+    """The dotted names (``"gpu"``, ``"args.local_rank"``) that hold the ``rank=`` a process
+    group of this file was created with (kept in ``facts.memo``)."""
+    cached = facts.memo.get("group-rank-keys")
+    if isinstance(cached, frozenset):
+        return cached
+    keys: set[str] = set()
+    for call in facts.calls:
+        if tail(call_name(call, facts.imports)) != "init_process_group":
+            continue
+        rank = call_arg(call, _RANK_POSITION, "rank")
+        key = dotted(rank) if rank is not None else None
+        if key is not None:
+            keys.add(key)
+    pairs = [
+        (target_key, value_key)
+        for node in facts.nodes
+        if isinstance(node, ast.Assign) and (value_key := dotted(node.value)) is not None
+        for target in node.targets
+        if (target_key := dotted(target)) is not None
+    ]
+    grown = bool(keys)
+    while grown:  # `args.local_rank = local_rank`, `rank = args.local_rank`: the same value
+        before = len(keys)
+        for target_key, value_key in pairs:
+            if target_key in keys or value_key in keys:
+                keys.update((target_key, value_key))
+        grown = len(keys) > before
+    result = frozenset(keys)
+    facts.memo["group-rank-keys"] = result
+    return result
