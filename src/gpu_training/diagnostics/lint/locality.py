@@ -29,6 +29,7 @@ from gpu_training.diagnostics.lint.model import (
     call_name,
     dotted,
 )
+from gpu_training.diagnostics.lint.passed_locality import passed_locality
 
 __all__ = ["FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
 
@@ -143,13 +144,22 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
         return "local"
     key = dotted(node)
     if key is not None and (isinstance(node, ast.Name) or key.startswith("self.")):
-        values = [v for v in facts.lookup(key, scope, _start(node)) if v is not None]
+        every = facts.lookup(key, scope, _start(node))
+        values = [v for v in every if v is not None]
         if isinstance(node, ast.Name):
             values += _multi_node_branch(facts, node.id, scope, values, depth)
+        own = key.startswith("self.")  # `self.rank = rank`: the value lives in its method
         if values:
-            inner = {guard_locality(facts, v, scope, depth + 1) for v in values} - {None}
+            inner = {
+                guard_locality(facts, v, facts.scope_containing(v) if own else scope, depth + 1)
+                for v in values
+            } - {None}
             if inner:
                 return "global" if "global" in inner else "local"
+        elif every and isinstance(node, ast.Name):
+            passed = passed_locality(facts, node.id, scope, depth)
+            if passed is not None:
+                return passed  # `def __init__(self, rank)`, every caller passing LOCAL_RANK
     return "global" if is_rankish else None
 
 

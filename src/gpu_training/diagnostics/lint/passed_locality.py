@@ -1,0 +1,55 @@
+"""Which rank a parameter holds, from what its callers pass (``GT017``).
+
+``class Trainer: def __init__(self, model, rank): self.rank = rank`` says nothing about which
+rank ``rank`` is; the script that builds it does: ``rank = int(os.environ["LOCAL_RANK"])``,
+``Trainer(model, rank=rank)``. When every call of the function - in its own file or in another
+linted file of the project - passes a node-local rank, the parameter is the node-local rank,
+and a guard ``if self.rank < 1:`` holds on local rank 0 of every node.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> src = ("def save(rank):\\n    pass\\n"
+    ...        "save(int(os.environ['LOCAL_RANK']))\\n")
+    >>> facts = ModuleFacts(ast.parse(src))
+    >>> passed_locality(facts, "rank", facts.scope_of(facts.tree.body[0]), 0)
+    'local'
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
+
+__all__ = ["passed_locality"]
+
+
+def passed_locality(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> str | None:
+    """``"local"``/``"global"`` when every call of ``scope``'s function passes parameter
+    ``name`` a rank of that locality; None when a call passes nothing (the default), passes
+    something else, or nobody calls it (kept in ``facts.memo``)."""
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > 4:
+        return None
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]]
+    if name not in params:
+        return None
+    key = ("passed-locality", id(func), name)
+    if key in facts.memo:
+        return facts.memo[key]  # type: ignore[return-value]
+    facts.memo[key] = None  # a parameter passed on to itself proves nothing
+    from gpu_training.diagnostics.lint.locality import guard_locality  # a cycle: it calls here
+
+    sites = [(facts, call, where) for call, where in facts.calls_of(func)]
+    if facts.resolver is not None:
+        sites += facts.resolver.incoming((facts, func))
+    index = parameter_index(func, name)
+    found: set[str | None] = set()
+    for owner, call, where in sites:
+        value = call_arg(call, index, name)
+        found.add(None if value is None else guard_locality(owner, value, where, depth + 1))
+    result = found.pop() if len(found) == 1 else None
+    facts.memo[key] = result
+    return result
