@@ -186,7 +186,7 @@ class FileChecker:
             s.rank_logging for s in self.callee_summaries
         )
         self.unset_sampler = unset_shuffling_sampler(
-            self.all_calls, self.tails, self.imports, self.callee_summaries
+            self.all_calls, self.tails, self.imports, self.callee_summaries, facts.toplevel
         )
         self.ranks = RankAnalysis(facts, self.distributed, frozenset(self.seeds))
         self.training_loop = LoopAnalysis(facts)

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, tail
 from gpu_training.diagnostics.lint.loaders import trains_on_argument
@@ -30,6 +30,7 @@ from gpu_training.diagnostics.lint.model import (
     dotted,
     iter_scope_nodes,
 )
+from gpu_training.diagnostics.lint.sampler_classes import sampler_shuffle_index
 from gpu_training.diagnostics.lint.setup import EVAL_NAME
 from gpu_training.diagnostics.lint.summary import Summary
 
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 _WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice"})
+_SAMPLERS = frozenset({"DistributedSampler", "make_distributed_sampler", "GlobalBatchSampler"})
 
 
 def hands_loader_on(
@@ -113,24 +115,35 @@ def unset_shuffling_sampler(
     tails: set[str],
     imports: Imports,
     summaries: Sequence[Summary] = (),
+    toplevel: Mapping[str, ast.stmt] | None = None,
 ) -> bool:
     """A distributed sampler of the file, or of a function of the project it calls (a
     ``get_train_loader()`` in ``data/``), shuffles, and nothing calls ``set_epoch`` (nor the
     toolkit's ``train_one_epoch``), in the file or in those functions: what a file hands
     on to the modules it imports, whose epoch loops (``Trainer.__call__`` in ``train.py``)
     may run over its loader."""
-    shuffled = any(shuffling_sampler(call, imports) for call in calls)
+    shuffled = any(shuffling_sampler(call, imports, toplevel) for call in calls)
     shuffled = shuffled or any(s.shuffles_sampler for s in summaries)
     unset = not tails & {"set_epoch", "train_one_epoch"}
     return shuffled and unset and not any(s.sets_epoch for s in summaries)
 
 
-def shuffling_sampler(call: ast.Call, imports: Imports) -> bool:
-    """``DistributedSampler(dataset)`` (``shuffle`` not ``False``) or the toolkit's own."""
+def shuffling_sampler(
+    call: ast.Call, imports: Imports, toplevel: Mapping[str, ast.stmt] | None = None
+) -> bool:
+    """``DistributedSampler(dataset)`` (``shuffle`` not ``False``) or the toolkit's own, or a
+    class of the module (``toplevel``) derived from it (:mod:`.sampler_classes`)."""
     last = tail(call_name(call, imports))
-    if last not in ("DistributedSampler", "make_distributed_sampler", "GlobalBatchSampler"):
+    own = None
+    if toplevel and isinstance(call.func, ast.Name) and call.func.id not in imports.names:
+        own = sampler_shuffle_index(toplevel, call.func.id, {"DistributedSampler"}, imports.resolve)
+    if own is None and last not in _SAMPLERS:
         return False
-    index = {"DistributedSampler": 3, "make_distributed_sampler": 2}.get(last, 99)
+    index = (
+        own
+        if own is not None
+        else {"DistributedSampler": 3, "make_distributed_sampler": 2}.get(last, 99)
+    )
     return not is_const(call_arg(call, index, "shuffle"), False)
 
 
@@ -158,7 +171,7 @@ def loops_without_set_epoch(
         importing it) shuffles and neither ``set_epoch`` nor ``train_one_epoch`` is called
         in the file; else nothing.
     """
-    if unset_shuffling_sampler(calls, tails, facts.imports):
+    if unset_shuffling_sampler(calls, tails, facts.imports, toplevel=facts.toplevel):
         return list(dict.fromkeys(epoch_loops))
     if imported and not tails & {"set_epoch", "train_one_epoch"}:
         # the sampler is another file's: only loops that train here can be reading it

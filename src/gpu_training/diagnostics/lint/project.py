@@ -455,7 +455,7 @@ def _merge_call(
         saved = _saved_parameter(call, scope)
         if saved is not None:
             changes["saves_argument"] = saved
-    if shuffling_sampler(call, facts.imports):
+    if shuffling_sampler(call, facts.imports, facts.toplevel):
         changes["shuffles_sampler"] = True
     if last in ("set_epoch", "train_one_epoch"):
         changes["sets_epoch"] = True
