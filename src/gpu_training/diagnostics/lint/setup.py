@@ -45,6 +45,10 @@ from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.rank_equal import equal_sides, fstring_values
+from gpu_training.diagnostics.lint.returned_state import (
+    returned_and_saved,
+    unpacked_from_local_call,
+)
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
@@ -129,6 +133,8 @@ class SetupRules:
             self._data_loader(call, scope, one_process)
         elif self.dist_setup and not one_process:
             self._helper_loader(call, scope)
+        if method == "state_dict":
+            self._returned_wrapper_state(call, scope)
         if name == "torch.save" or last == "save_file":
             self._saved_wrapper(call, scope)
         else:
@@ -297,21 +303,37 @@ class SetupRules:
             if self._is_wrapper(owner, scope):
                 self.report(node, "GT006", f"{ast.unparse(owner)} is the DDP wrapper")
 
+    def _returned_wrapper_state(self, call: ast.Call, scope: Scope) -> None:
+        """``return {"model": ddp.state_dict()}`` in a function whose caller saves what it
+        returns (:mod:`~gpu_training.diagnostics.lint.returned_state`)."""
+        assert isinstance(call.func, ast.Attribute)
+        owner = call.func.value
+        if self._is_wrapper(owner, scope):
+            handed = returned_and_saved(self.facts, call, scope)
+            if handed is not None:
+                self.report(call, "GT006", f"{ast.unparse(owner)} is the DDP wrapper; {handed}")
+
     def _saved_helper_state(self, arg: ast.expr, helper: str, scope: Scope) -> None:
         if not isinstance(arg, ast.Starred) and self._is_wrapper(arg, scope):
             detail = f"{helper} saves {ast.unparse(arg)}.state_dict(): the DDP wrapper"
             self.report(arg, "GT006", detail)
 
-    def _is_wrapper(self, expr: ast.expr, scope: Scope) -> bool:
+    def _is_wrapper(self, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
         """The DDP (or DataParallel) wrapper: by its last binding, or by any binding of the
         function when the name is wrapped on one path (``if args.distributed: model =
-        DDP(model)``) and not unwrapped (``model = model.module``) before this use."""
+        DDP(model)``) and not unwrapped (``model = model.module``) before this use, or
+        unpacked from a function of the module that returns the wrapper at that position
+        (``model, optimizer = create_model()``)."""
         if self.facts.kinds(expr, scope) & {"ddp", "dp"}:
             return True
         key = dotted(expr)
         if key is None or not isinstance(expr, ast.Name):
             return False
-        last = [v for v in self.facts.lookup(key, scope, node_start(expr)) if v is not None]
+        every = self.facts.lookup(key, scope, node_start(expr))
+        if every == [None] and depth < 3:
+            made = unpacked_from_local_call(self.facts, expr.id, scope)
+            return any(self._is_wrapper(item, inner, depth + 1) for item, inner in made)
+        last = [v for v in every if v is not None]
         if any(isinstance(v, ast.Attribute) and v.attr == "module" for v in last):
             return False
         return any(
