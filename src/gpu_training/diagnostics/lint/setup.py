@@ -50,6 +50,7 @@ from gpu_training.diagnostics.lint.returned_state import (
     unpacked_from_local_call,
 )
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
+from gpu_training.diagnostics.lint.unread import never_read
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 
@@ -363,6 +364,9 @@ class SetupRules:
         candidates: list[ast.expr] = []
         if last == "device" and len(call.args) == 2 and not isinstance(call.args[1], ast.Constant):
             return  # torch.device("cuda", local_rank): an index per rank, as set_device gives
+        target = self._assign_target(call) if last == "device" else None
+        if target is not None and never_read(self.facts, target):
+            return  # `self.device = torch.device("cuda:0")` that no line reads places nothing
         if (method or last) in ("device", "to", "load", "cuda"):
             for arg in call.args:  # `torch.device("cuda" if torch.cuda.is_available() else "cpu")`
                 branches = [arg.body, arg.orelse] if isinstance(arg, ast.IfExp) else [arg]
