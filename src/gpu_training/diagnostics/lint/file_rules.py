@@ -32,6 +32,7 @@ from gpu_training.diagnostics.lint.model import call_name
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.ranks import unpaired_collectives
 from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
+from gpu_training.diagnostics.lint.visible_devices import global_visible_devices
 
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.checks import FileChecker
@@ -77,6 +78,8 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(call, "GT005", "set_epoch() gets the same value every epoch")
     for loop in reseeded_on_one_path(facts):
         checker.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
+    for index, _, evidence in global_visible_devices(facts) if checker.distributed else []:
+        checker.add(index, "GT018", f"CUDA_VISIBLE_DEVICES from the global rank: {evidence}")
     for arguments in saves_on_each_node(facts):
         checker.add(arguments, "GT017", "save_on_each_node=True: the Trainer saves on every node")
     for scaler in scalers_with_bf16(all_calls, facts):

@@ -453,7 +453,8 @@ def global_rank_source(
         last = tail(call_name(expr, facts.imports))
         if last == "int" and expr.args:
             return global_rank_source(facts, expr.args[0], scope, depth + 1)
-        if last == "get_rank" and not facts.callees(expr):
+        world = (dotted(expr.func) or "").endswith("COMM_WORLD.Get_rank")  # MPI
+        if (last == "get_rank" or world) and not facts.callees(expr):  # MPI.COMM_WORLD's too
             return f"{ast.unparse(expr)} is the global rank"
         if any(s.rank_value == "global" for s in facts.summaries(expr)):
             return f"{ast.unparse(expr)} returns the global rank"
