@@ -31,8 +31,12 @@ from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.model import call_name
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.ranks import unpaired_collectives
+from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
-from gpu_training.diagnostics.lint.visible_devices import global_visible_devices
+from gpu_training.diagnostics.lint.visible_devices import (
+    cuda_fstring_indices,
+    global_visible_devices,
+)
 
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.checks import FileChecker
@@ -80,6 +84,13 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
     for index, _, evidence in global_visible_devices(facts) if checker.distributed else []:
         checker.add(index, "GT018", f"CUDA_VISIBLE_DEVICES from the global rank: {evidence}")
+    for index, fstring in cuda_fstring_indices(facts) if checker.distributed else []:
+        where = facts.scope_containing(fstring)  # the same evidence as the per-call check's
+        found = global_rank_source(facts, index, where) or checker.setup.equal_to_rank(
+            index, where
+        )
+        if found is not None:
+            checker.add(index, "GT018", found)
     for arguments in saves_on_each_node(facts):
         checker.add(arguments, "GT017", "save_on_each_node=True: the Trainer saves on every node")
     for scaler in scalers_with_bf16(all_calls, facts):

@@ -403,13 +403,13 @@ class SetupRules:
         for branch in [i for i in indices if isinstance(i, ast.IfExp)]:
             indices += [branch.body, branch.orelse]  # `"cpu" if low_memory else rank`
         for index in [v for i in indices for v in fstring_values(i)]:  # f"{device}:{rank}"
-            evidence = global_rank_source(self.facts, index, scope) or self._equal_to_rank(
+            evidence = global_rank_source(self.facts, index, scope) or self.equal_to_rank(
                 index, scope
             )
             if evidence is not None:
                 self.report(index, "GT018", evidence)
 
-    def _equal_to_rank(self, index: ast.expr, scope: Scope) -> str | None:
+    def equal_to_rank(self, index: ast.expr, scope: Scope) -> str | None:
         """An index a branch's test makes equal to the global rank (``if dist.get_rank() ==
         i: shard.to(f"cuda:{i}")``): :mod:`~gpu_training.diagnostics.lint.rank_equal`."""
         if not isinstance(index, (ast.Name, ast.Attribute)):

@@ -74,3 +74,22 @@ def _indices(value: ast.expr) -> list[ast.expr]:
         else:
             found.append(expr)
     return found
+
+
+def cuda_fstring_indices(facts: ModuleFacts) -> list[tuple[ast.expr, ast.JoinedStr]]:
+    """Every ``f"cuda:{x}"`` of the module, wherever it goes (``pipe.build_stage(i,
+    f"cuda:{i}")``, ``device = f"cuda:{stage}"``): ``(x, the f-string)``. The text before the
+    value must end in ``cuda:``, so ``x`` is a GPU index."""
+    found: list[tuple[ast.expr, ast.JoinedStr]] = []
+    for node in facts.nodes:
+        if not isinstance(node, ast.JoinedStr):
+            continue
+        for before, value in zip(node.values, node.values[1:], strict=False):
+            if (
+                isinstance(before, ast.Constant)
+                and isinstance(before.value, str)
+                and before.value.endswith("cuda:")
+                and isinstance(value, ast.FormattedValue)
+            ):
+                found.append((value.value, node))
+    return found
