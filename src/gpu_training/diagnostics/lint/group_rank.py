@@ -63,3 +63,14 @@ def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
     result = frozenset(keys)
     facts.memo["group-rank-keys"] = result
     return result
+
+
+def literal_group_rank(facts: ModuleFacts) -> bool:
+    """Every process group of the file is created with a literal rank (``rank=0,
+    world_size=4`` over TCP to a fixed host): the file runs one process per copy, each copy on
+    its own machine, so a fixed ``cuda:0`` is not shared with another rank (``GT002``)."""
+    inits = [c for c in facts.calls if tail(call_name(c, facts.imports)) == "init_process_group"]
+    ranks = [call_arg(c, _RANK_POSITION, "rank") for c in inits]
+    return bool(ranks) and all(
+        isinstance(r, ast.Constant) and isinstance(r.value, int) for r in ranks
+    )

@@ -38,6 +38,7 @@ from gpu_training.diagnostics.lint.calls import (
     parameter_index,
     tail,
 )
+from gpu_training.diagnostics.lint.group_rank import literal_group_rank
 from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
@@ -150,7 +151,8 @@ class SetupRules:
         if self.data_parallel:
             self._optimizer_lr(call, name, last, scope)
         if self.distributed and not one_process:  # a one-process path picks its own GPU
-            self._cuda_device(call, last, method)
+            if not literal_group_rank(self.facts):  # one process per machine: its cuda:0
+                self._cuda_device(call, last, method)
             self._device_from_rank(call, name, last, method, scope)
 
     def _evaluates_only(self) -> bool:
