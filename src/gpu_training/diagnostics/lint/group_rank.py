@@ -69,8 +69,13 @@ def literal_group_rank(facts: ModuleFacts) -> bool:
     """Every process group of the file is created with a literal rank (``rank=0,
     world_size=4`` over TCP to a fixed host): the file runs one process per copy, each copy on
     its own machine, so a fixed ``cuda:0`` is not shared with another rank (``GT002``)."""
+    cached = facts.memo.get("literal-group-rank")
+    if isinstance(cached, bool):
+        return cached
     inits = [c for c in facts.calls if tail(call_name(c, facts.imports)) == "init_process_group"]
     ranks = [call_arg(c, _RANK_POSITION, "rank") for c in inits]
-    return bool(ranks) and all(
+    result = bool(ranks) and all(
         isinstance(r, ast.Constant) and isinstance(r.value, int) for r in ranks
     )
+    facts.memo["literal-group-rank"] = result
+    return result
