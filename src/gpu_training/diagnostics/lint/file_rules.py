@@ -86,9 +86,7 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(index, "GT018", f"CUDA_VISIBLE_DEVICES from the global rank: {evidence}")
     for index, fstring in cuda_fstring_indices(facts) if checker.distributed else []:
         where = facts.scope_containing(fstring)  # the same evidence as the per-call check's
-        found = global_rank_source(facts, index, where) or checker.setup.equal_to_rank(
-            index, where
-        )
+        found = global_rank_source(facts, index, where) or checker.setup.equal_to_rank(index, where)
         if found is not None:
             checker.add(index, "GT018", found)
     for arguments in saves_on_each_node(facts):
