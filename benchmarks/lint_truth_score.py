@@ -15,10 +15,11 @@ read there counts as it was read; one read nowhere counts as false and is listed
 for a person to read. An extra row may name, in a ``same_as`` column (``path:line``), the truth
 row of the same instance that the reader wrote at another line (the call site where the linter
 reports the write inside the helper, say): a ``true`` finding read there also counts that row
-as found, so one instance is not counted both true and missed. A ``bug`` row no finding matched is **missed**.
-Precision is true findings over findings; **recall is instances found over instances**
-(``found / (found + missed)``): two findings of one instance (a helper's write and its call
-site) are two true findings and one instance found. GT015 (the process group
+as found, so one instance is not counted both true and missed. An extra row at the finding's
+very line wins over a truth row a line or two away (another call the truth did not read). A
+``bug`` row no finding matched is **missed**. Precision is true findings over findings; **recall
+is instances found over instances** (``found / (found + missed)``): two findings of one instance
+(a helper's write and its call site) are two true findings and one instance found. GT015 (the process group
 never destroyed) is reported apart, as the set-6 README does.
 
 Usage::
@@ -170,6 +171,9 @@ def score(
             tally.findings += 1
             where = {"repo": repo, "path": path, "line": line, "rule": rule, "detail": detail}
             match = _nearest(by_repo[repo], path, line, rule)
+            exact = _nearest(extra_by_repo[repo], path, line, rule)
+            if match is not None and match.line != line and exact and exact.line == line:
+                match = None  # a row read at this very line: the truth's row near it is another
             read = match or _nearest(extra_by_repo[repo], path, line, rule)
             if read is not None and read.verdict == "bug":
                 tally.true += 1

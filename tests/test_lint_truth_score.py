@@ -160,3 +160,15 @@ def test_recall_counts_instances_not_findings(scorer):
     unlisted = scorer.Row("o/p", "", "train.py", 50, "GT006", "bug", "another instance")
     result = scorer.score(truth, findings, [unlisted]).overall
     assert (result.true, result.found, result.missed) == (2, 2, 1)
+
+
+def test_an_extra_row_at_the_very_line_wins_over_a_truth_row_nearby(scorer):
+    """The truth read another call two lines up (a SummaryWriter, correct); the finding is the
+    helper call below it, read in the extra rows as true: it counts true, not false."""
+    truth = [scorer.Row("o/p", "c", "train.py", 72, "GT007", "correct")]
+    findings = {"o/p": [("train.py", 74, "GT007", "save_log runs open")]}
+    read_here = scorer.Row("o/p", "", "train.py", 74, "GT007", "bug", "the helper call")
+    read_near = scorer.Row("o/p", "", "train.py", 75, "GT007", "bug", "another line")
+    assert scorer.score(truth, findings, [read_here]).overall.true == 1
+    assert scorer.score(truth, findings, [read_near]).overall.false == 1  # the truth row wins
+    assert scorer.score(truth, findings).overall.false == 1

@@ -77,6 +77,7 @@ from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.rank_flags import all_but_one
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
     RankAnalysis,
@@ -194,7 +195,7 @@ class FileChecker:
         self.emit = False
         self.call_sites: dict[_Func, list[Ctx]] = {}
         self.external_sites: dict[int, list[tuple[Ctx, bool]]] = {}
-        self.outgoing: list[tuple[FuncRef, Ctx, bool]] = []
+        self.outgoing: list[tuple[FuncRef, Ctx, bool, ast.Call]] = []
         self.epoch_loops: list[ast.stmt] = []
         self.guarded_collectives: list[GuardedCollective] = []
         self._expr_cache: dict[ast.AST, tuple[list[ast.Call], list[_Func]]] = {}
@@ -375,7 +376,12 @@ class FileChecker:
             key = dotted(target)
             if key is not None:
                 owner = self.facts.binding_owner(key, scope)
-                self.facts.assigned_under.setdefault((owner, key), set()).add(ctx.rank0)
+                under = self.facts.assigned_under.setdefault((owner, key), set())
+                under.add(ctx.rank0)
+                if isinstance(value, ast.Constant) and isinstance(value.value, bool):
+                    others = ctx.others or ctx.all_but_one
+                    ranks = "rank0" if ctx.rank0 else "others" if others else "all"
+                    under.add(f"{value.value}:{ranks}")  # `save = True` ... `save = False`
 
     def _guarded(self, ctx: Ctx, kind: str, test: ast.expr, scope: Scope) -> tuple[Ctx, Ctx]:
         """The contexts of the two branches of a rank-dependent test."""
@@ -437,6 +443,11 @@ class FileChecker:
         else_ctx = replace(else_ctx, optional=ctx.optional)
         if kind == GUARD_RANK_DEP and single_rank(self.facts, stmt.test, scope):
             body_ctx = replace(body_ctx, one_rank=True)  # `if rank == 1:`: one process
+        elif kind == GUARD_RANK_DEP and all_but_one(self.facts, stmt.test, scope):
+            body_ctx, else_ctx = (
+                replace(body_ctx, all_but_one=True),
+                replace(else_ctx, one_rank=True),
+            )
         self._stmts(stmt.body, body_ctx, scope, branch=True)
         self._stmts(stmt.orelse, else_ctx, scope, branch=True)
         if not stmt.orelse and terminates(stmt.body):
@@ -489,7 +500,7 @@ class FileChecker:
             if callee_facts is self.facts:
                 self.call_sites.setdefault(func, []).append(ctx)
             else:
-                self.outgoing.append(((callee_facts, func), ctx, every_rank))
+                self.outgoing.append(((callee_facts, func), ctx, every_rank, call))
         if not self.emit:
             return
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None

@@ -57,6 +57,7 @@ class Ctx:
     rank_dep: bool = False  # only some ranks run it
     local_only: bool = False  # "rank 0" by node-local guards only: local rank 0 of each node
     one_rank: bool = False  # one rank only, not 0 (`if rank == 1:` in an RPC script)
+    all_but_one: bool = False  # every rank but one (`if rank != args.main_rank:`)
     guard: str = ""  # the innermost rank-0 guard, for the evidence
     excused: frozenset[str] = frozenset()  # collectives every branch of the guard calls
     in_except: bool = False

@@ -50,6 +50,7 @@ from gpu_training.diagnostics.lint.model import (
     dotted,
     mentions_rank,
 )
+from gpu_training.diagnostics.lint.rank_flags import switched_off_elsewhere
 from gpu_training.diagnostics.lint.switches import MULTI, SINGLE, switch_test, world_size_test
 
 __all__ = [
@@ -223,6 +224,8 @@ def _classify_flag(
         under = facts.assigned_under.get((facts.binding_owner(key, scope), key))
         if under == {True}:
             return GUARD_RANK0
+    if switched_off_elsewhere(facts, key, scope, every):
+        return GUARD_RANK0
     values = [v for v in facts.lookup(key, scope, _start(test)) if v is not None]
     if not values and isinstance(test, ast.Name):
         passed = _passed_flag(facts, test.id, scope, depth)

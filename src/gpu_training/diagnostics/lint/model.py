@@ -260,9 +260,10 @@ class ModuleFacts:
         self.guard_cache: dict[int, str | None] = {}
         self.memo: dict[object, object] = {}
         """Answers worth keeping about this module (keyed by the asking function)."""
-        self.assigned_under: dict[tuple[int, str], set[bool]] = {}
+        self.assigned_under: dict[tuple[int, str], set[bool | str]] = {}
         """``(owner, name)`` → for each non-None assignment, whether only rank 0 ran it
-        (filled by the walk: ``saver = None`` / ``if is_primary: saver = Saver()``)."""
+        (filled by the walk: ``saver = None`` / ``if is_primary: saver = Saver()``), and for
+        a True/False one ``"False:others"`` (value, and ``rank0``/``others``/``all``)."""
         """How each condition depends on the rank (:mod:`~gpu_training.diagnostics.lint.guards`)."""
 
     # --- scopes ---------------------------------------------------------------------------

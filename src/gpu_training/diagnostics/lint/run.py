@@ -21,6 +21,7 @@ import ast
 from gpu_training.diagnostics.lint.checks import BASE_INHERITED, FileChecker
 from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
+from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.project import Project
 
 __all__ = ["RawFinding", "check_project", "check_tree"]
@@ -79,7 +80,7 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
     for _ in range(2):  # call sites across files settle the callees' contexts
         incoming: dict[str, dict[int, list[tuple[Ctx, bool]]]] = {p: {} for p in checkers}
         for checker in checkers.values():
-            for (facts, func), ctx, every_rank in checker.outgoing:
+            for (facts, func), ctx, every_rank, _ in checker.outgoing:
                 if facts.path in incoming:
                     incoming[facts.path].setdefault(id(func), []).append((ctx, every_rank))
         for path, checker in checkers.items():
@@ -99,6 +100,10 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
             results[path] = checker.report()
         except RecursionError:
             results[path] = "nested too deeply to analyse"
+    for path, extra in call_site_writes(checkers, results).items():
+        found = results[path]
+        if not isinstance(found, str):
+            results[path] = sorted({*found, *extra})
     return results
 
 

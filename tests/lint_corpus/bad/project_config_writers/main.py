@@ -6,7 +6,7 @@ from tools.config import save_config, write_start_config
 
 
 def main(args, model, loader, optimizer):
-    write_start_config(args)
+    write_start_config(args)  # expect: GT007 (the call of the writer, on every rank)
     if args.dist == "OFF":
         for epoch in range(args.epochs):
             for x, y in loader:

@@ -18,7 +18,7 @@ def main():
     trainer.train()
     if trainer.is_world_process_zero():
         trainer.model.save_pretrained(args.output_dir)
-    merge_adapter(args.base, args.output_dir)
+    merge_adapter(args.base, args.output_dir)  # expect: GT007 (the call: every rank merges and saves)
 
 
 if __name__ == "__main__":
