@@ -36,6 +36,8 @@ from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted, iter
 __all__ = ["feeds_training", "trains_on_argument"]
 
 _WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice", "list"})
+_READERS = frozenset({"len", "print", "repr", "str", "isinstance", "type", "id"})
+"""Builtins that look at a loader without drawing a batch from it."""
 _MAX_DEPTH = 3  # functions followed from the loader's own scope
 _Use = tuple[str, ast.AST]  # ("loop", the loop) / ("call", the call) / ("other", the name)
 
@@ -127,6 +129,9 @@ def _use_trains(
         return _trains(facts, node) or (file_trains and not _without_grad(facts, node, scope))
     if what != "call" or not isinstance(node, ast.Call) or node is loader:
         return True
+    called = dotted(node.func)
+    if called in _READERS and called not in facts.imports.names:
+        return False  # `len(loader)`, `print(loader)`: reads it, draws no batch
     refs = facts.callees(node)
     if not refs:
         return True  # a library call (a framework's trainer): it may train on it
