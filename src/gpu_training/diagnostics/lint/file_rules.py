@@ -28,6 +28,7 @@ from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
+from gpu_training.diagnostics.lint.local_branches import locally_decided_collectives
 from gpu_training.diagnostics.lint.model import call_name
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.ranks import unpaired_collectives
@@ -98,6 +99,10 @@ def whole_file_rules(checker: FileChecker) -> None:
             checker.add(optimizer, "GT019", detail)
     for guarded in unpaired_collectives(checker.guarded_collectives):
         checker.add(guarded.call, "GT009", guarded.collective)
+    ranked = {id(g.call) for g in checker.guarded_collectives}
+    for call, detail in locally_decided_collectives(facts, checker.ranks.collective):
+        if checker.distributed and id(call) not in ranked:  # `if psnr > best:` on a shard
+            checker.add(call, "GT009", detail)
     missing = missing_destroy(
         facts,
         inits,
