@@ -33,6 +33,7 @@ import ast
 import itertools
 
 from gpu_training.diagnostics.lint.calls import is_const, node_start, tail
+from gpu_training.diagnostics.lint.micro_batches import stepped_by_callers, steps_handed_optimizer
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
     Scope,
@@ -212,11 +213,18 @@ class LoopAnalysis:
                         if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
                             self._following[stmt] = block[index + 1 :]
         following = self._following.get(loop, [])
-        return any(
-            self._is_optimizer_step(n, scope)
-            for stmt in following
-            for n in iter_scope_nodes([stmt])
-        )
+        if any(self._is_optimizer_step(n, scope) for n in iter_scope_nodes(following)):
+            return True
+        return stepped_by_callers(self.facts, loop, scope, self._steps)
+
+    def _steps(self, node: ast.AST, scope: Scope) -> bool:
+        """An optimizer step, or a call handing an optimizer to a function of the project
+        that trains (``mp_trainer.optimize(opt)``)."""
+        if self._is_optimizer_step(node, scope):
+            return True
+        if not isinstance(node, ast.Call):
+            return False
+        return steps_handed_optimizer(self.facts, node, scope)
 
     def accumulating_helper(self, call: ast.Call, scope: Scope) -> str | None:
         """``loss_scaler(loss, optimizer, update_grad=(i + 1) % k == 0)``: a helper that runs
