@@ -32,7 +32,7 @@ from gpu_training.diagnostics.lint.calls import call_arg
 from gpu_training.diagnostics.lint.guards import GUARD_NOT_RANK0, GUARD_RANK0, classify_guard
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 
-__all__ = ["appended_by_rank0_only"]
+__all__ = ["appended_by_rank0_only", "one_literal_path"]
 
 _WRITES = frozenset({"write", "writelines"})
 _NEUTRAL = frozenset({"flush", "close", "closed", "name"})
@@ -100,3 +100,13 @@ def _under_rank0(facts: ModuleFacts, node: ast.AST, parents: dict[int, ast.AST])
                 return child is not parent.test
         child, parent = parent, parents.get(id(parent))
     return False
+
+
+def one_literal_path(call: ast.Call) -> bool:
+    """``image.save("debug.png")``: one argument, a file name written in the code (a
+    framework's ``save(path, state)`` takes two)."""
+    if len(call.args) != 1 or any(k.arg is None for k in call.keywords):
+        return False
+    arg = call.args[0]
+    text = arg.value if isinstance(arg, ast.Constant) else None
+    return isinstance(text, str) and "." in text.rsplit("/", 1)[-1]

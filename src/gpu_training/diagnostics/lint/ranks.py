@@ -38,7 +38,7 @@ from gpu_training.diagnostics.lint.collectives import (
     switched_off,
 )
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
-from gpu_training.diagnostics.lint.handles import appended_by_rank0_only
+from gpu_training.diagnostics.lint.handles import appended_by_rank0_only, one_literal_path
 from gpu_training.diagnostics.lint.log_files import truncated_log_file
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
@@ -427,6 +427,9 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
     elif method in ("write_text", "write_bytes"):
         assert isinstance(call.func, ast.Attribute)
         path, what = call.func.value, method
+    elif method == "save" and one_literal_path(call):
+        assert isinstance(call.func, ast.Attribute)
+        path, what = call.args[0], f"{dotted(call.func.value) or 'object'}.save"
     elif method in _FILE_METHODS:
         assert isinstance(call.func, ast.Attribute)
         given = call.args[0] if call.args else keyword_arg(call, "path_or_buf")
