@@ -75,6 +75,7 @@ from gpu_training.diagnostics.lint.guards import (
 )
 from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
+from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.rank_flags import all_but_one
@@ -163,6 +164,7 @@ class FileChecker:
         self.has_wrapper, self.ddp_wrapper = wrapper_kinds(
             self.tails, self.framework, self.all_calls
         )
+        self.own_wrapper = self.ddp_wrapper  # not inherited from an importer
         self.data_parallel = self.has_wrapper or bool(
             self.tails & {"DistributedSampler", "make_distributed_sampler"}
         )
@@ -522,7 +524,9 @@ class FileChecker:
         if clips and self.training_loop.clips_before_unscale(call, scope):
             self.add(call, "GT012", "the scaler's scale() comes first and no unscale_() before")
         if self.ddp_wrapper and not ctx.no_sync and ctx.guard != "one process":  # no all-reduce
-            if ctx.loops:
+            if not (self.own_wrapper or named_anywhere(self.facts, scope.node)):
+                pass  # a helper nobody calls: no importer's model reaches it
+            elif ctx.loops:
                 self._accumulation(call, ctx, scope, method)
             elif method == "backward" and isinstance(scope.node, _Func):
                 self._step_accumulation(call, scope)

@@ -131,3 +131,44 @@ def _steps_parameter(
                     if _steps_parameter(sub_owner, sub, node, sub_index, None, depth + 1):
                         return True
     return False
+
+
+def named_anywhere(facts: ModuleFacts, func: ast.AST) -> bool:
+    """Whether a module-level function of a helper module is named anywhere in the linted
+    project but its own ``def`` (called, imported, passed as a callback). One named nowhere
+    never runs: its loop cannot accumulate on the DDP model the importers make.
+
+    Args:
+        facts: The function's module.
+        func: The function.
+
+    Returns:
+        True when something names it, or when it is not a module-level function (a method,
+        a closure: reached in ways not followed here).
+    """
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return True
+    if func not in facts.tree.body:
+        return True
+    modules = list(getattr(facts.resolver, "linted", {}).values()) or [facts]
+    return any(func.name in _referenced(module) for module in modules)
+
+
+def _referenced(module: ModuleFacts) -> frozenset[str]:
+    """The names a module reads, imports, or reads off an imported module (``utils.train``,
+    not ``model.train()``), built once."""
+    cached = module.memo.get("referenced-names")
+    if isinstance(cached, frozenset):
+        return cached
+    names: set[str] = set()
+    for node in module.nodes:
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.update(n for n in (node.name, node.asname) if n)
+        elif isinstance(node, ast.Attribute):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in module.imports.names:
+                names.add(node.attr)
+    result = module.memo["referenced-names"] = frozenset(names)
+    return result
