@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from gpu_training.diagnostics.lint.class_bases import base_modules
+from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
 
 __all__ = [
@@ -123,8 +124,9 @@ def context_files(
 ) -> list[Path]:
     """Add to ``project`` every file a run over the linted files' repositories would let
     decide their findings and that is not linted itself (read, not reported): the files that
-    import a linted one, the modules defining the base classes of its classes, and in turn
-    theirs, transitively.
+    import a linted one, the project modules it imports (a helper's own write decides the
+    finding at the call into it), the modules defining the base classes of its classes, and in
+    turn theirs, transitively.
 
     So ``lint train.py`` answers as ``lint .`` does for ``train.py``: ``utils.py`` imported by
     ``trainer.py`` imported by ``main.py`` gets the process group ``main.py`` creates; a
@@ -151,8 +153,10 @@ def context_files(
         )
         for path in frontier:
             facts = project.facts_for(_real(path))
-            for base in base_modules(facts, project) if facts is not None else []:
-                where = _real(Path(base.path))
+            if facts is None:
+                continue
+            below = [_real(Path(base.path)) for base in base_modules(facts, project)]
+            for where in [*below, *_imported_files(project, facts)]:
                 if where not in known and _inside(where, repositories or roots, include_tests):
                     new.append(where)
         frontier = []
@@ -166,6 +170,26 @@ def context_files(
                 found.append(path)
                 frontier.append(path)
     return found
+
+
+def _imported_files(project: Project, facts: ModuleFacts) -> list[Path]:
+    """The project's files a module imports (``import utils``, ``from pkg import mod``,
+    ``from .io import save``): their own findings (a helper's write) decide findings at the
+    calls into them (GT007 at the call of another module's writing helper)."""
+    found: list[Path] = []
+    for module, level, symbol in facts.imports.origins.values():
+        target = project.module_file(facts.path, module, level)
+        if target is None:
+            continue
+        if target.is_file():
+            found.append(_real(target))
+        if symbol and (target.is_dir() or target.name == "__init__.py"):
+            package = target if target.is_dir() else target.parent
+            for candidate in (package / f"{symbol}.py", package / symbol / "__init__.py"):
+                if candidate.is_file():
+                    found.append(_real(candidate))
+                    break
+    return list(dict.fromkeys(found))
 
 
 def _inside(path: Path, tops: list[Path], include_tests: bool) -> bool:
