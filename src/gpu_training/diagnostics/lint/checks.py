@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
+from gpu_training.diagnostics.lint.all_but_one import all_but_one
 from gpu_training.diagnostics.lint.calls import node_start, tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS
 from gpu_training.diagnostics.lint.context import (
@@ -78,7 +79,6 @@ from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.project import Project
-from gpu_training.diagnostics.lint.rank_flags import all_but_one
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
     RankAnalysis,

@@ -157,7 +157,7 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             if inner:
                 return "global" if "global" in inner else "local"
         elif every and isinstance(node, ast.Name):
-            passed = passed_locality(facts, node.id, scope, depth)
+            passed = passed_locality(facts, node.id, scope, depth, guard_locality)
             if passed is not None:
                 return passed  # `def __init__(self, rank)`, every caller passing LOCAL_RANK
     return "global" if is_rankish else None

@@ -12,24 +12,33 @@ Example:
     >>> src = ("def save(rank):\\n    pass\\n"
     ...        "save(int(os.environ['LOCAL_RANK']))\\n")
     >>> facts = ModuleFacts(ast.parse(src))
-    >>> passed_locality(facts, "rank", facts.scope_of(facts.tree.body[0]), 0)
+    >>> from gpu_training.diagnostics.lint.locality import guard_locality
+    >>> passed_locality(facts, "rank", facts.scope_of(facts.tree.body[0]), 0, guard_locality)
     'local'
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
 
+Locality = Callable[[ModuleFacts, ast.expr, Scope, int], "str | None"]
+"""``guard_locality``'s signature: ``(facts, value, scope, depth) -> "local" | "global" | None``."""
+
 __all__ = ["passed_locality"]
 
 
-def passed_locality(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> str | None:
+def passed_locality(
+    facts: ModuleFacts, name: str, scope: Scope, depth: int, locality: Locality
+) -> str | None:
     """``"local"``/``"global"`` when every call of ``scope``'s function passes parameter
     ``name`` a rank of that locality; None when a call passes nothing (the default), passes
-    something else, or nobody calls it (kept in ``facts.memo``)."""
+    something else, or nobody calls it (kept in ``facts.memo``). ``locality``: how a passed
+    value is classified (``locality.guard_locality``, which calls this function: passed in,
+    not imported, so the two modules import no circle)."""
     func = scope.node
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > 4:
         return None
@@ -40,8 +49,6 @@ def passed_locality(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> 
     if key in facts.memo:
         return facts.memo[key]  # type: ignore[return-value]
     facts.memo[key] = None  # a parameter passed on to itself proves nothing
-    from gpu_training.diagnostics.lint.locality import guard_locality  # a cycle: it calls here
-
     sites = [(facts, call, where) for call, where in facts.calls_of(func)]
     if facts.resolver is not None:
         sites += facts.resolver.incoming((facts, func))
@@ -49,7 +56,7 @@ def passed_locality(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> 
     found: set[str | None] = set()
     for owner, call, where in sites:
         value = call_arg(call, index, name)
-        found.add(None if value is None else guard_locality(owner, value, where, depth + 1))
+        found.add(None if value is None else locality(owner, value, where, depth + 1))
     result = found.pop() if len(found) == 1 else None
     facts.memo[key] = result
     return result

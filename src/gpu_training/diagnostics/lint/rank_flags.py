@@ -13,15 +13,7 @@ The flag is True on one rank only, so ``if save_models:`` is a rank-0 guard as m
 ``if rank == 0:`` (the same holds for ``save = False`` then ``save = True`` under a rank-0
 test). The walk records, for each True/False assignment, which ranks ran it
 (``ModuleFacts.assigned_under``); :func:`switched_off_elsewhere` reads that record.
-:func:`all_but_one` recognises ``rank != value``: true on every rank but the one named.
-
-Example:
-    >>> import ast
-    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
-    >>> facts = ModuleFacts(ast.parse(""))
-    >>> test = ast.parse("dist.get_rank() != args.main_gpu", mode="eval").body
-    >>> all_but_one(facts, test, facts.module_scope)
-    True
+(``rank != value``, every rank but one, is :mod:`~gpu_training.diagnostics.lint.all_but_one`.)
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ import ast
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 
-__all__ = ["all_but_one", "switched_off_elsewhere"]
+__all__ = ["switched_off_elsewhere"]
 
 
 def switched_off_elsewhere(
@@ -122,31 +114,3 @@ def _creates_group(facts: ModuleFacts, call: ast.Call) -> bool:
     if name.rsplit(".", 1)[-1] in ("init_process_group", "init_distributed"):
         return True
     return any(s.creates_group for s in facts.summaries(call))
-
-
-def all_but_one(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
-    """``rank != value``: a rank compared unequal to one value that is not a rank, nor the
-    ``-1``/``None`` of "not launched distributed" (``!= 0`` is already "not rank 0").
-
-    Args:
-        facts: The module's facts.
-        test: An ``if`` test.
-        scope: Where it is.
-
-    Returns:
-        Whether the test holds on every rank but one.
-    """
-    from gpu_training.diagnostics.lint.guards import rank_derived  # guards imports this module
-
-    if not (
-        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotEq)
-    ):
-        return False
-    left, right = test.left, test.comparators[0]
-    if rank_derived(facts, right, scope) and not rank_derived(facts, left, scope):
-        left, right = right, left
-    if not rank_derived(facts, left, scope) or rank_derived(facts, right, scope):
-        return False
-    if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub):
-        return False  # rank != -1: launched distributed
-    return not (isinstance(right, ast.Constant) and (right.value is None or right.value == 0))
