@@ -208,3 +208,36 @@ def _copy_alone(file: Path, tmp_path: Path) -> Path:
     alone.parent.mkdir(exist_ok=True)
     alone.write_text(file.read_text())
     return alone
+
+
+def test_a_vendored_package_with_its_own_setup_py_does_not_cut_the_repository_short(
+    tmp_path: Path,
+) -> None:
+    """A script inside a vendored package (its own ``setup.py``) that calls a writing helper of
+    the repository above it: alone, it finds the repository (``.git``), not the package, and
+    reports the call as the repository's run does."""
+    root = _write(
+        tmp_path,
+        {
+            ".git/HEAD": "ref: refs/heads/main\n",
+            "proj/__init__.py": "",
+            "proj/records.py": (
+                "def dump_config(cfg):\n"
+                "    with open('config.yaml', 'w') as f:\n"  # every rank: GT007
+                "        f.write(str(cfg))\n"
+            ),
+            "vendor/setup.py": "",
+            "vendor/scripts/train.py": (
+                "import torch.distributed as dist\n\n"
+                "from proj.records import dump_config\n\n\n"
+                "def main(cfg):\n"
+                "    dist.init_process_group('nccl')\n"
+                "    dump_config(cfg)\n"  # the call, reported on every rank: GT007
+                "    dist.destroy_process_group()\n"
+            ),
+        },
+    )
+    script = root / "vendor" / "scripts" / "train.py"
+    whole = _found([root])
+    assert _of(whole, script) == {(8, "GT007")}
+    assert _of(_found([script]), script) == {(8, "GT007")}

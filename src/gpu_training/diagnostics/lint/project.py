@@ -565,8 +565,9 @@ _MAX_ROOT_DEPTH = 8
 
 def find_project_root(path: str | os.PathLike[str]) -> Path | None:
     """The repository a file or directory belongs to: the nearest directory above it (or it)
-    holding ``.git``, ``pyproject.toml``, ``setup.py`` or ``setup.cfg``, at most eight levels
-    up; None when there is none. A script linted alone resolves its imports from there, as it
+    holding ``.git`` (or ``.hg``), at most eight levels up, so that a vendored package's own
+    ``setup.py`` inside it does not cut the repository short; else the nearest holding
+    ``pyproject.toml``, ``setup.py`` or ``setup.cfg``; None when there is none. A script linted alone resolves its imports from there, as it
     would inside a run over the whole repository.
 
     Example:
@@ -580,9 +581,12 @@ def find_project_root(path: str | os.PathLike[str]) -> Path | None:
     """
     start = _resolved(str(path))
     here = start if start.is_dir() else start.parent
+    nearest = None
     for depth, candidate in enumerate([here, *here.parents]):
         if depth > _MAX_ROOT_DEPTH or candidate == Path.home():
-            return None
-        if any((candidate / marker).exists() for marker in _ROOT_MARKERS):
-            return candidate
-    return None
+            break
+        if (candidate / ".git").exists() or (candidate / ".hg").exists():
+            return candidate  # the repository, above a vendored package's own setup.py
+        if nearest is None and any((candidate / m).exists() for m in _ROOT_MARKERS):
+            nearest = candidate
+    return nearest
