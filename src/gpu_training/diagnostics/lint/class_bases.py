@@ -39,7 +39,7 @@ def base_modules(facts: ModuleFacts, project: Project, depth: int = 0) -> list[M
     found: list[ModuleFacts] = []
     if depth > 4:
         return found
-    for cls in (n for n in ast.walk(facts.tree) if isinstance(n, ast.ClassDef)):
+    for cls in (n for n in facts.nodes if isinstance(n, ast.ClassDef)):
         for base in cls.bases:
             target = _defining_module(facts, project, base)
             if target is not None and target is not facts and target not in found:

@@ -109,7 +109,9 @@ def constant_epochs(facts: ModuleFacts) -> list[ast.Call]:
     and whose root is neither the loop's target nor ``self`` (a method may advance
     ``self.epoch``). The sampler is reseeded with the same seed each epoch, as if never set."""
     found: list[ast.Call] = []
-    for func in [facts.tree, *ast.walk(facts.tree)]:
+    if not any(tail(dotted(c.func)) == "set_epoch" for c in facts.calls):
+        return found  # most modules: nothing below can match
+    for func in [facts.tree, *facts.nodes]:
         if not isinstance(func, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         stored = {

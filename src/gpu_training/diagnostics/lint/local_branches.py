@@ -66,12 +66,15 @@ def locally_decided_collectives(
     for node, scope in facts.scopes.items():
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             continue  # a script's `if __name__ == "__main__":` body is the module's
+        body_facts = _BodyFacts(facts, node, scope, collective)
+        if not body_facts.collectives:
+            continue  # no collective anywhere in the body: none under any of its tests
         for test, body in _ifs(node.body):
-            local = _local_value(facts, node, scope, test, collective)
+            local = body_facts.local_value(test)
             if local is None:
                 continue
             for call in _calls(body):
-                name = collective(call, scope)
+                name = body_facts.collectives.get(id(call))
                 if name is not None and id(call) not in seen:
                     seen.add(id(call))
                     text = ast.unparse(test)
@@ -101,61 +104,104 @@ def _calls(stmts: list[ast.stmt]) -> Iterator[ast.Call]:
                 yield node
 
 
-def _local_value(
-    facts: ModuleFacts,
-    func: _Body,
-    scope: Scope,
-    test: ast.expr,
-    collective: _Collective,
-) -> str | None:
-    """Why the test reads a rank-local value (None: it does not, as far as shown)."""
-    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-    reduced = {
-        a.id
-        for call in _calls(func.body)
-        if collective(call, scope) is not None
-        for a in ast.walk(call)
-        if isinstance(a, ast.Name)
-    }
-    for name in sorted(names - reduced):
-        why = _assigned_locally(facts, func, scope, name, collective)
-        if why is not None:
-            return f"{name} is {why}"
-    return None
+class _BodyFacts:
+    """What the tests of one function (or module) body are read against, each part built
+    once on first use: a body has many ``if``s, and each asks the same questions of it."""
 
+    def __init__(self, facts: ModuleFacts, func: _Body, scope: Scope, collective: _Collective):
+        self.facts = facts
+        self.func = func
+        self.scope = scope
+        self.collective = collective
+        self._reduced: set[str] | None = None
+        self._why: dict[str, str | None] = {}
+        self._nodes: list[ast.AST] | None = None
+        self._loops: list[tuple[ast.For | ast.AsyncFor, ast.Name]] | None = None
+        self._collectives: dict[int, str] | None = None
+        self._collective_calls: list[ast.Call] = []
 
-def _assigned_locally(
-    facts: ModuleFacts,
-    func: _Body,
-    scope: Scope,
-    name: str,
-    collective: _Collective,
-) -> str | None:
-    for loop in [n for n in ast.walk(func) if isinstance(n, (ast.For, ast.AsyncFor))]:
-        source = _loop_source(loop.iter)
-        if source is None or not _sharded(facts, source, scope):
-            continue
-        for node in ast.walk(loop):
-            if (
-                isinstance(node, ast.AugAssign)
-                and dotted(node.target) == name
-                and _reads_data(node.value)
-            ):
-                return f"summed over this rank's shard of {source.id}"
-    for node in ast.walk(func):
-        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
-            continue
-        if not any(dotted(t) == name for t in node.targets):
-            continue
-        call = node.value
-        if collective(call, scope) is not None:
-            continue
-        for arg in [*call.args, *(k.value for k in call.keywords)]:
-            if isinstance(arg, ast.Name) and _sharded(facts, arg, scope):
-                for callee in facts.local_functions(call):
-                    if _loops_over_parameter(callee, call, arg.id, collective, facts):
-                        return f"{callee.name}() over this rank's shard of {arg.id}"
-    return None
+    def local_value(self, test: ast.expr) -> str | None:
+        """Why the test reads a rank-local value (None: it does not, as far as shown)."""
+        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        if not names:
+            return None
+        for name in sorted(names - self.reduced):
+            if name not in self._why:
+                self._why[name] = self._assigned_locally(name)
+            why = self._why[name]
+            if why is not None:
+                return f"{name} is {why}"
+        return None
+
+    @property
+    def reduced(self) -> set[str]:
+        """The names read by a collective's call in this body (their values are reduced)."""
+        if self._reduced is None:
+            self.collectives  # noqa: B018 - fills _collective_calls on first use
+            self._reduced = {
+                a.id
+                for call in self._collective_calls
+                for a in ast.walk(call)
+                if isinstance(a, ast.Name)
+            }
+        return self._reduced
+
+    @property
+    def collectives(self) -> dict[int, str]:
+        """The collective each call of the body runs, by the call's ``id``."""
+        if self._collectives is None:
+            self._collectives = {}
+            for call in _calls(self.func.body):
+                name = self.collective(call, self.scope)
+                if name is not None:
+                    self._collectives[id(call)] = name
+                    self._collective_calls.append(call)
+        return self._collectives
+
+    @property
+    def nodes(self) -> list[ast.AST]:
+        """Every node of the body, nested functions included (as ``ast.walk`` yields them)."""
+        if self._nodes is None:
+            self._nodes = list(ast.walk(self.func))
+        return self._nodes
+
+    @property
+    def sharded_loops(self) -> list[tuple[ast.For | ast.AsyncFor, ast.Name]]:
+        """The body's ``for`` loops over a sharded loader, with the loader's name."""
+        if self._loops is None:
+            self._loops = []
+            for loop in self.nodes:
+                if not isinstance(loop, (ast.For, ast.AsyncFor)):
+                    continue
+                source = _loop_source(loop.iter)
+                if source is not None and _sharded(self.facts, source, self.scope):
+                    self._loops.append((loop, source))
+        return self._loops
+
+    def _assigned_locally(self, name: str) -> str | None:
+        facts, scope = self.facts, self.scope
+        for loop, source in self.sharded_loops:
+            for node in ast.walk(loop):
+                if (
+                    isinstance(node, ast.AugAssign)
+                    and dotted(node.target) == name
+                    and _reads_data(node.value)
+                ):
+                    return f"summed over this rank's shard of {source.id}"
+        for node in self.nodes:
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+                continue
+            if not any(dotted(t) == name for t in node.targets):
+                continue
+            call = node.value
+            if self.collective(call, scope) is not None:
+                continue
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                if isinstance(arg, ast.Name) and _sharded(facts, arg, scope):
+                    for callee in facts.local_functions(call):
+                        if _loops_over_parameter(callee, call, arg.id, self.collective, facts):
+                            return f"{callee.name}() over this rank's shard of {arg.id}"
+        return None
 
 
 def _reads_data(value: ast.expr) -> bool:

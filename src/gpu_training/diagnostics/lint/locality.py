@@ -175,10 +175,13 @@ def _multi_node_branch(
     key = ("branch-bindings", id(scope.node), name)
     branches = facts.memo.get(key)
     if not isinstance(branches, list):
+        ifs_key = ("if-else", id(scope.node))
+        ifs = facts.memo.get(ifs_key)
+        if not isinstance(ifs, list):  # once per scope: each name reads the same `if`s
+            ifs = [s for s in ast.walk(scope.node) if isinstance(s, ast.If) and s.orelse]
+            facts.memo[ifs_key] = ifs
         branches = [
-            (stmt, _assigned(stmt.body, name), _assigned(stmt.orelse, name))
-            for stmt in ast.walk(scope.node)
-            if isinstance(stmt, ast.If) and stmt.orelse
+            (stmt, _assigned(stmt.body, name), _assigned(stmt.orelse, name)) for stmt in ifs
         ]
         facts.memo[key] = branches
     found: list[ast.expr] = []
