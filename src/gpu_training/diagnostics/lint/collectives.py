@@ -21,6 +21,11 @@ from collections.abc import Callable
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.sharded_models import (
+    accelerate_sharding,
+    sharded_model,
+    shards_anything,
+)
 
 __all__ = ["COLLECTIVES", "DIST_SETUP_CALLS", "direct_collective", "switched_off"]
 
@@ -81,6 +86,7 @@ _TOOLKIT_COLLECTIVES = frozenset(
     }
 )
 _CKPT_COLLECTIVE_METHODS = frozenset({"save", "wait", "close", "save_sharded", "load_sharded"})
+_SHARDED_STATE = frozenset({"state_dict", "save_pretrained"})
 
 
 def direct_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | None:
@@ -111,13 +117,18 @@ def direct_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str |
         return last
     if name.startswith("torch.distributed.checkpoint") and last in ("save", "load"):
         return f"dcp.{last}"
-    if method in _CKPT_COLLECTIVE_METHODS or method == "state_dict":
+    if last == "summon_full_params":  # FSDP's context that all-gathers every parameter
+        return "FSDP summon_full_params (all-gather)"
+    if method in _CKPT_COLLECTIVE_METHODS:
         assert isinstance(call.func, ast.Attribute)
-        kinds = facts.kinds(call.func.value, scope)  # only for the methods it can decide
-        if method in _CKPT_COLLECTIVE_METHODS and "ckpt_manager" in kinds:
+        if "ckpt_manager" in facts.kinds(call.func.value, scope):
             return f"CheckpointManager.{method}"
-        if method == "state_dict" and "fsdp" in kinds:
-            return "FSDP state_dict (all-gather)"
+    if method in _SHARDED_STATE and keyword_arg(call, "state_dict") is None:
+        assert isinstance(call.func, ast.Attribute)
+        # the state dict of a sharded model (an all-gather, or the metadata exchange of a
+        # sharded one), itself or through save_pretrained(), which takes it
+        if not facts.local_functions(call) and sharded_model(call.func.value, scope, facts):
+            return f"FSDP {method} (all-gathers the shards)"
     library = _library_collective(call, scope, facts)
     if library is not None:
         return library
@@ -144,6 +155,9 @@ def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str
         method = func.attr
         receiver = func.value
         if method not in _LIBRARY_METHODS:
+            # `self.model(batch)`: the forward of a sharded model held in an attribute
+            if shards_anything(facts) and _sharded(func, scope, facts):
+                return "FSDP forward (all-gathers the shards)"
             return None  # the only methods below that can be one; resolving the rest is costly
         if facts.local_functions(call) or (
             facts.resolver is not None and any(f is not facts for f, _ in facts.callees(call))
@@ -154,6 +168,8 @@ def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str
         if method in _ACCELERATE_COLLECTIVES and (
             "accelerator" in kinds or ("accelerator" in label and _imports(facts, "accelerate"))
         ):
+            if method == "load_state" and accelerate_sharding(facts) is None:
+                return None  # under DDP each process reads the files alone: no collective
             if method in ("save_state", "load_state"):
                 return f"Accelerator.{method} (sharded under DeepSpeed/FSDP, a barrier with automatic naming)"
             return f"Accelerator.{method}"
@@ -182,23 +198,9 @@ def _imports(facts: ModuleFacts, *packages: str) -> bool:
 
 
 def _sharded(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
-    """A model sharded by FSDP: bound to ``FSDP(...)``/``fully_shard(...)``, or passed to
-    ``fully_shard`` (FSDP2 shards in place) in this file. Its forward all-gathers."""
-    key = dotted(expr)
-    if key is None:
-        return False
-    if "fsdp" in facts.kinds(expr, scope):
-        return True
-    sharded = facts.memo.get("fully-sharded")
-    if not isinstance(sharded, frozenset):
-        names = set()
-        for node in facts.calls:
-            if tail(call_name(node, facts.imports)) == "fully_shard" and node.args:
-                name = dotted(node.args[0])
-                if name is not None:
-                    names.add(name)
-        sharded = facts.memo["fully-sharded"] = frozenset(names)
-    return key in sharded
+    """A model sharded by FSDP (:func:`~gpu_training.diagnostics.lint.sharded_models.sharded_model`):
+    its forward all-gathers."""
+    return sharded_model(expr, scope, facts)
 
 
 def _is_toolkit(name: str, facts: ModuleFacts) -> bool:

@@ -1,0 +1,230 @@
+"""Models whose parameters are sharded across the ranks, however they were wrapped.
+
+A sharded model's forward, ``generate()``, ``state_dict()`` and ``save_pretrained()`` gather
+the shards from every rank (``GT009`` when only some ranks call them). A model is sharded
+when the code says so in one of these ways:
+
+* bound to ``FSDP(...)`` / ``FullyShardedDataParallel(...)`` / ``fully_shard(...)``, or passed
+  to ``fully_shard`` (FSDP2 shards in place);
+* handed to ``accelerator.prepare(...)`` (or Fabric's ``setup``) by a script whose
+  Accelerator shards: built with ``fsdp_plugin=`` in the file, or launched with an Accelerate
+  config of the repository whose every multi-process ``distributed_type`` is ``FSDP``;
+* unwrapped from one of those (``model.module``, ``accelerator.unwrap_model(model)``) when the
+  wrapper auto-wraps its layers (an ``auto_wrap_policy``, or Accelerate's FSDP, which wraps
+  the transformer layers by default): the inner layers are FSDP units still, and their
+  ``state_dict()`` hooks and forwards gather too.
+
+Which distributed type a repository's Accelerate configs use (:func:`accelerate_sharding`)
+also decides whether Accelerate's ``load_state`` is a collective (it is under FSDP and
+DeepSpeed, which load per-rank shards; under DDP each process loads the files alone).
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> src = "from accelerate import Accelerator, FullyShardedDataParallelPlugin\\n"
+    >>> src += "acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())\\n"
+    >>> src += "model, opt = acc.prepare(model, opt)\\n"
+    >>> tree = ast.parse(src + "model(x)\\n")
+    >>> facts = ModuleFacts(tree)
+    >>> accelerate_sharding(facts)
+    'fsdp'
+    >>> sharded_model(tree.body[-1].value.func, facts.module_scope, facts)
+    True
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+from pathlib import Path
+
+from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+
+__all__ = ["accelerate_sharding", "sharded_model", "shards_anything"]
+
+_FSDP_CALLS = frozenset({"FullyShardedDataParallel", "FSDP"})
+_CONFIG_TYPE = re.compile(r"^distributed_type:\s*['\"]?([A-Za-z_]+)", re.MULTILINE)
+_SKIP_DIRS = frozenset({"node_modules", "site-packages", "tests", "test", "__pycache__"})
+_MAX_DEPTH = 8
+
+
+def accelerate_sharding(facts: ModuleFacts) -> str | None:
+    """How the file's Accelerator distributes the model: ``"fsdp"``, ``"deepspeed"``, or None
+    (DDP, one process, or not known).
+
+    An ``Accelerator(fsdp_plugin=...)`` / ``(deepspeed_plugin=...)`` in the file decides;
+    otherwise the Accelerate configs of the repository (``distributed_type:`` in its YAML
+    files), when every one that runs several processes names the same sharding type.
+    """
+    cached = facts.memo.get("accelerate-sharding")
+    if isinstance(cached, tuple):
+        return cached[0] if cached else None
+    found: str | None = None
+    uses_accelerator = False
+    for call in facts.calls:
+        if tail(call_name(call, facts.imports)) != "Accelerator":
+            continue
+        uses_accelerator = True
+        for keyword, kind in (("fsdp_plugin", "fsdp"), ("deepspeed_plugin", "deepspeed")):
+            value = keyword_arg(call, keyword)
+            if value is not None and not (isinstance(value, ast.Constant) and value.value is None):
+                found = kind
+    if found is None and uses_accelerator and facts.path not in ("", "<string>"):
+        found = _repository_sharding(_repository(os.path.abspath(facts.path)))
+    facts.memo["accelerate-sharding"] = (found,) if found else ()
+    return found
+
+
+def _repository(path: str) -> str:
+    """The repository holding ``path``: the nearest directory above with ``.git``/``.hg``
+    (at most eight levels up), else the file's own directory."""
+    here = Path(path).parent
+    for depth, candidate in enumerate([here, *here.parents]):
+        if depth > _MAX_DEPTH:
+            break
+        if (candidate / ".git").exists() or (candidate / ".hg").exists():
+            return str(candidate)
+    return str(here)
+
+
+@functools.lru_cache(maxsize=64)
+def _repository_sharding(root: str) -> str | None:
+    """``"fsdp"``/``"deepspeed"`` when every Accelerate config under ``root`` that runs
+    several processes names that type (``NO`` configs aside), else None."""
+    kinds: set[str] = set()
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS]
+        for name in files:
+            if not name.endswith((".yaml", ".yml")):
+                continue
+            try:
+                text = Path(directory, name).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            match = _CONFIG_TYPE.search(text)
+            if match is not None and match.group(1).upper() != "NO":
+                kinds.add(match.group(1).upper())
+    if kinds == {"FSDP"}:
+        return "fsdp"
+    if kinds == {"DEEPSPEED"}:
+        return "deepspeed"
+    return None
+
+
+def shards_anything(facts: ModuleFacts) -> bool:
+    """Whether the file shards a model at all (an FSDP wrapper, ``fully_shard``, Accelerate's
+    FSDP): only then is every attribute call worth asking :func:`sharded_model` about."""
+    cached = facts.memo.get("shards-anything")
+    if isinstance(cached, bool):
+        return cached
+    found = (
+        any(tail(call_name(c, facts.imports)) in (*_FSDP_CALLS, "fully_shard") for c in facts.calls)
+        or accelerate_sharding(facts) == "fsdp"
+    )
+    facts.memo["shards-anything"] = found
+    return found
+
+
+def sharded_model(expr: ast.expr, scope: Scope, facts: ModuleFacts, depth: int = 0) -> bool:
+    """Whether ``expr`` holds a model whose parameters are sharded (see the module's text).
+
+    Args:
+        expr: The receiver of a forward, ``state_dict()``, ``save_pretrained()``…
+        scope: Where it appears.
+        facts: The file's facts.
+        depth: Recursion guard.
+    """
+    key = dotted(expr)
+    if key is None or depth > 4:
+        return False
+    if "fsdp" in facts.kinds(expr, scope) or key in _fully_sharded(facts):
+        return True
+    if accelerate_sharding(facts) == "fsdp" and key in _prepared(facts):
+        return True
+    if isinstance(expr, ast.Attribute) and expr.attr == "module":
+        return _auto_wrapped(expr.value, scope, facts, depth)
+    for value in facts.lookup_all(key, scope):
+        if value is None or value is expr:
+            continue
+        inner = _unwrapped(value)
+        if inner is not None and _auto_wrapped(inner, scope, facts, depth):
+            return True
+    return False
+
+
+def _unwrapped(value: ast.expr) -> ast.expr | None:
+    """``m`` of ``m.module`` or ``unwrap_model(m)`` (any receiver), else None."""
+    if isinstance(value, ast.Attribute) and value.attr == "module":
+        return value.value
+    if (
+        isinstance(value, ast.Call)
+        and tail(dotted(value.func)) == "unwrap_model"
+        and value.args
+        and isinstance(value.args[0], (ast.Name, ast.Attribute))
+    ):
+        return value.args[0]
+    return None
+
+
+def _auto_wrapped(expr: ast.expr, scope: Scope, facts: ModuleFacts, depth: int) -> bool:
+    """A sharded model whose inner layers are FSDP units of their own: FSDP built with an
+    ``auto_wrap_policy`` (or keyword arguments we cannot see), or Accelerate's FSDP."""
+    key = dotted(expr)
+    if key is None:
+        return False
+    if accelerate_sharding(facts) == "fsdp" and key in _prepared(facts):
+        return True
+    for value in facts.lookup_all(key, scope):
+        if not (
+            isinstance(value, ast.Call) and tail(call_name(value, facts.imports)) in _FSDP_CALLS
+        ):
+            continue
+        if keyword_arg(value, "auto_wrap_policy") is not None or any(
+            k.arg is None for k in value.keywords
+        ):
+            return True
+    return False
+
+
+def _prepared(facts: ModuleFacts) -> frozenset[str]:
+    """The names bound to what an Accelerator's ``prepare(...)`` returns (``model, opt, loader
+    = accelerator.prepare(...)``; ``self.model = ...``)."""
+    cached = facts.memo.get("accelerate-prepared")
+    if isinstance(cached, frozenset):
+        return cached
+    names: set[str] = set()
+    for node in facts.nodes:
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+            continue
+        func = node.value.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "prepare"):
+            continue
+        label = (dotted(func.value) or "").rsplit(".", 1)[-1].lower()
+        scope = facts.scope_containing(node)
+        if "accelerator" not in label and "accelerator" not in facts.kinds(func.value, scope):
+            continue
+        for target in node.targets:
+            elts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+            names.update(k for k in (dotted(e) for e in elts) if k is not None)
+    found = frozenset(names)
+    facts.memo["accelerate-prepared"] = found
+    return found
+
+
+def _fully_sharded(facts: ModuleFacts) -> frozenset[str]:
+    """The names passed to ``fully_shard(...)`` in this file (FSDP2 shards in place)."""
+    sharded = facts.memo.get("fully-sharded")
+    if isinstance(sharded, frozenset):
+        return sharded
+    names = set()
+    for node in facts.calls:
+        if tail(call_name(node, facts.imports)) == "fully_shard" and node.args:
+            name = dotted(node.args[0])
+            if name is not None:
+                names.add(name)
+    found = frozenset(names)
+    facts.memo["fully-sharded"] = found
+    return found
