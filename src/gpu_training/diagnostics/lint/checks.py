@@ -11,14 +11,12 @@ makes its call a collective too; a helper that creates the process group makes i
 responsible for destroying it.
 
 :func:`~gpu_training.diagnostics.lint.run.check_project` runs the files of a project
-together. This module holds the walk (:class:`FileChecker`) and the whole-file rules
-with the per-call rules it dispatches; the rules live beside it, each with the analysis it
-rests on:
+together. This module holds the walk (:class:`FileChecker`), which hands each call to the
+rules; they live beside it, each with the analysis it rests on:
 
 * :mod:`~gpu_training.diagnostics.lint.file_rules` — the whole-file rules, run once the walk
   is done: ``GT002`` without ``set_device``, ``GT005``, ``GT009``, ``GT011``, ``GT019`` and
   ``GT015`` (through :mod:`~gpu_training.diagnostics.lint.teardown`);
-
 * :mod:`~gpu_training.diagnostics.lint.setup` — one call alone: ``GT001``-``GT004``,
   ``GT006``, ``GT010``, ``GT018``;
 * :mod:`~gpu_training.diagnostics.lint.ranks` — collectives and which scopes run on every
@@ -45,6 +43,7 @@ import ast
 from dataclasses import replace
 
 from gpu_training.diagnostics.lint.all_but_one import all_but_one
+from gpu_training.diagnostics.lint.caller_branches import branch_contexts, note_call_site
 from gpu_training.diagnostics.lint.calls import node_start, tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS
 from gpu_training.diagnostics.lint.context import (
@@ -426,16 +425,17 @@ class FileChecker:
                 side == "else" or single_process(self.facts, negated, scope)
             )
             # `if args.distributed: ... else: print(...)`: the else runs without ranks
-            self._stmts(stmt.body, single if lone_body else optional, scope, branch=True)
+            body_ctx, else_ctx = branch_contexts(self, stmt, scope, optional, ctx)  # by callers
+            self._stmts(stmt.body, single if lone_body else body_ctx, scope, branch=True)
             self._stmts(
                 stmt.orelse,
-                replace(single, optional=ctx.optional) if lone_else else ctx,
+                replace(single, optional=ctx.optional) if lone_else else else_ctx,
                 scope,
                 branch=True,
             )
             if not stmt.orelse and terminates(stmt.body) and self.ranks.creates_group(stmt.body):
                 return replace(ctx, launcher=True)  # the ranks returned above; the parent goes on
-            return ctx
+            return else_ctx if not stmt.orelse and terminates(stmt.body) else ctx  # `if x: return`
         excused = self.ranks.collectives_in(stmt.body, scope) & self.ranks.collectives_in(
             stmt.orelse, scope
         )
@@ -500,7 +500,7 @@ class FileChecker:
         every_rank = scope.node in self.ranks.every_rank_scopes and not ctx.launcher
         for callee_facts, func in self.facts.callees(call):
             if callee_facts is self.facts:
-                self.call_sites.setdefault(func, []).append(ctx)
+                note_call_site(self, func, call, ctx)  # its arguments too: caller_branches
             else:
                 self.outgoing.append(((callee_facts, func), ctx, every_rank, call))
         if not self.emit:

@@ -27,7 +27,7 @@ from gpu_training.diagnostics.lint.sharded_models import (
     shards_anything,
 )
 
-__all__ = ["COLLECTIVES", "DIST_SETUP_CALLS", "direct_collective", "switched_off"]
+__all__ = ["COLLECTIVES", "DIST_SETUP_CALLS", "UNDECIDED", "direct_collective", "switched_off"]
 
 DIST_SETUP_CALLS = frozenset(
     {
@@ -216,6 +216,8 @@ def _is_toolkit(name: str, facts: ModuleFacts) -> bool:
 
 
 _UNKNOWN = object()
+UNDECIDED = _UNKNOWN
+"""What :func:`literal` returns for an expression the literals do not decide."""
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 _COMPARE = {
     ast.Eq: lambda a, b: a == b,
