@@ -11,7 +11,7 @@ A branch is read per call site, with the literals each call binds to the paramet
 (defaults included, :func:`~gpu_training.diagnostics.lint.collectives.bound_constants`); a
 call whose arguments leave the test undecided reaches both branches. Only calls in the same
 file are known by their arguments: a helper also called from another module is left to the
-merged context.
+merged context. Dead branches (``if False:``) are not walked at all (:func:`live_branches`).
 
 Example:
     >>> from gpu_training.diagnostics.lint import lint_source
@@ -41,7 +41,7 @@ from gpu_training.diagnostics.lint.collectives import UNDECIDED, bound_constants
 from gpu_training.diagnostics.lint.context import Ctx, entry_context
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
 
-__all__ = ["branch_contexts", "note_call_site"]
+__all__ = ["branch_contexts", "live_branches", "note_site"]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -52,7 +52,7 @@ class _Walker(Protocol):
     external_sites: dict[int, list[tuple[Ctx, bool]]]
 
 
-def note_call_site(walker: _Walker, func: _Func, call: ast.Call, ctx: Ctx) -> None:
+def note_site(walker: _Walker, func: _Func, call: ast.Call, ctx: Ctx) -> None:
     """Record a call of a function of the same file: its context (for the function's entry
     context) and the call itself (for :func:`branch_contexts`)."""
     walker.call_sites.setdefault(func, []).append(ctx)
@@ -101,3 +101,29 @@ def _rank0_side(sites: list[Ctx], ctx: Ctx) -> Ctx:
     if not sites or not merged.rank0:
         return ctx
     return replace(ctx, rank0=True, local_only=merged.local_only, guard=merged.guard)
+
+
+_LIVE: dict[int, tuple[ast.If, ast.If]] = {}
+
+
+def live_branches(stmt: ast.If) -> ast.If:
+    """``stmt`` as it runs: a test the literals decide (``if False:``, ``if 0:``, ``if True:``)
+    keeps only the branch it takes; the other one is dead code and is not walked."""
+    value = literal(stmt.test, {})
+    if value is UNDECIDED:
+        return stmt
+    cached = _LIVE.get(id(stmt))
+    if cached is not None and cached[0] is stmt:
+        return cached[1]
+    dead: list[ast.stmt] = [ast.Pass(lineno=stmt.lineno, col_offset=stmt.col_offset)]
+    live = ast.If(
+        test=stmt.test,
+        body=stmt.body if value else dead,
+        orelse=[] if value else stmt.orelse,
+        lineno=stmt.lineno,
+        col_offset=stmt.col_offset,
+        end_lineno=stmt.end_lineno,
+        end_col_offset=stmt.end_col_offset,
+    )
+    _LIVE[id(stmt)] = (stmt, live)
+    return live

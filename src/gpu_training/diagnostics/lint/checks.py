@@ -43,7 +43,7 @@ import ast
 from dataclasses import replace
 
 from gpu_training.diagnostics.lint.all_but_one import all_but_one
-from gpu_training.diagnostics.lint.caller_branches import branch_contexts, note_call_site
+from gpu_training.diagnostics.lint.caller_branches import branch_contexts, live_branches, note_site
 from gpu_training.diagnostics.lint.calls import node_start, tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS
 from gpu_training.diagnostics.lint.context import (
@@ -316,7 +316,7 @@ class FileChecker:
                 self._expr(expr, ctx, scope)
             self._stmts(stmt.body, ctx, scope)
         elif isinstance(stmt, ast.If):
-            return self._if(stmt, ctx, scope)
+            return self._if(live_branches(stmt), ctx, scope)  # `if False:` is dead code
         elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
             self._expr(stmt.iter if not isinstance(stmt, ast.While) else stmt.test, ctx, scope)
             loader = not isinstance(stmt, ast.While) and iterates_loader(
@@ -500,7 +500,7 @@ class FileChecker:
         every_rank = scope.node in self.ranks.every_rank_scopes and not ctx.launcher
         for callee_facts, func in self.facts.callees(call):
             if callee_facts is self.facts:
-                note_call_site(self, func, call, ctx)  # its arguments too: caller_branches
+                note_site(self, func, call, ctx)  # its arguments too: caller_branches
             else:
                 self.outgoing.append(((callee_facts, func), ctx, every_rank, call))
         if not self.emit:

@@ -5,7 +5,11 @@ script takes the launcher's rank or a DeepSpeed config, so ``torchrun``/``deepsp
 it once per GPU and every process runs it from the top. The ``Trainer`` guards its own saves
 (``trainer.save_model``); the script's own writes (``model.save_pretrained(path)`` after
 ``trainer.train()``) run on every rank unless guarded (``trainer.is_world_process_zero()``).
-A script that passes neither is not taken as distributed (one GPU is the common case).
+The same holds for a script that reads a variable only a launcher sets (``LOCAL_RANK``), and
+for one the repository's own shell scripts start with a launcher of one process per GPU
+(``deepspeed src/train.py --deepspeed ds.json``, ``torchrun --nproc_per_node 8 train.py``),
+whose training arguments come from ``HfArgumentParser`` or a ``TrainingArguments`` call.
+A script that does none of these is not taken as distributed (one GPU is the common case).
 
 Example:
     >>> import ast
@@ -21,15 +25,18 @@ Example:
 from __future__ import annotations
 
 import ast
+import os
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
+from gpu_training.diagnostics.lint.repo_files import multi_process_launches, repository_of
 
 __all__ = ["hf_every_process", "saves_on_each_node"]
 
 _PACKAGES = ("transformers", "trl")
 _LAUNCH_KEYWORDS = ("local_rank", "deepspeed")
 _LAUNCHER_ENV = frozenset({"LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"})
+_LAUNCH_ATTRS = frozenset({"local_rank", "world_size", "process_index", "local_process_index"})
 
 
 def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
@@ -40,7 +47,9 @@ def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
         for c in facts.calls
         if isinstance(c.func, ast.Attribute) and c.func.attr == "train"
     }
-    from_env = _reads_launcher_env(facts)
+    from_env = (
+        _reads_launcher_env(facts) or _reads_launch_rank(facts) or _launched_by_repository(facts)
+    )
     return {
         facts.scope_containing(c).node
         for c in facts.calls
@@ -65,9 +74,49 @@ def _reads_launcher_env(facts: ModuleFacts) -> bool:
     return False
 
 
+def _reads_launch_rank(facts: ModuleFacts) -> bool:
+    """The file reads the rank or world size its parsed training arguments took from the
+    launcher (``training_args.local_rank``, ``.world_size``, ``.process_index``): it is
+    written for a launch of several processes."""
+    return any(
+        isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Load)
+        and node.attr in _LAUNCH_ATTRS
+        and isinstance(node.value, ast.Name)
+        and node.value.id in _parsed_arguments(facts)
+        for node in facts.nodes
+    )
+
+
+def _parsed_arguments(facts: ModuleFacts) -> set[str]:
+    """Names bound to what ``HfArgumentParser(...).parse_*()`` returns (tuples unpacked)."""
+    names: set[str] = set()
+    for node in facts.nodes:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        if isinstance(func, ast.Attribute) and func.attr.startswith("parse_"):
+            for target in node.targets:
+                elts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+                names.update(e.id for e in elts if isinstance(e, ast.Name))
+    return names if any(_hf_arguments(facts, c) for c in facts.calls) else set()
+
+
+def _launched_by_repository(facts: ModuleFacts) -> bool:
+    """A shell script of the repository starts this file with ``torchrun``/``deepspeed``/
+    ``accelerate launch`` (:func:`~gpu_training.diagnostics.lint.repo_files.multi_process_launches`)."""
+    if facts.path in ("", "<string>"):
+        return False
+    path = os.path.abspath(facts.path)
+    return os.path.basename(path) in multi_process_launches(repository_of(path))
+
+
 def _hf_arguments(facts: ModuleFacts, call: ast.Call) -> bool:
     name = call_name(call, facts.imports)
-    return name.split(".")[0] in _PACKAGES and tail(name).endswith(("TrainingArguments", "Config"))
+    last = tail(name)
+    return name.split(".")[0] in _PACKAGES and (
+        last.endswith(("TrainingArguments", "Config")) or last == "HfArgumentParser"
+    )
 
 
 def _launch_arguments(facts: ModuleFacts, call: ast.Call) -> bool:

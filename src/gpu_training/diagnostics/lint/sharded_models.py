@@ -38,17 +38,15 @@ import ast
 import functools
 import os
 import re
-from pathlib import Path
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
 __all__ = ["accelerate_sharding", "sharded_model", "shards_anything"]
 
 _FSDP_CALLS = frozenset({"FullyShardedDataParallel", "FSDP"})
 _CONFIG_TYPE = re.compile(r"^distributed_type:\s*['\"]?([A-Za-z_]+)", re.MULTILINE)
-_SKIP_DIRS = frozenset({"node_modules", "site-packages", "tests", "test", "__pycache__"})
-_MAX_DEPTH = 8
 
 
 def accelerate_sharding(facts: ModuleFacts) -> str | None:
@@ -73,21 +71,9 @@ def accelerate_sharding(facts: ModuleFacts) -> str | None:
             if value is not None and not (isinstance(value, ast.Constant) and value.value is None):
                 found = kind
     if found is None and uses_accelerator and facts.path not in ("", "<string>"):
-        found = _repository_sharding(_repository(os.path.abspath(facts.path)))
+        found = _repository_sharding(repository_of(os.path.abspath(facts.path)))
     facts.memo["accelerate-sharding"] = (found,) if found else ()
     return found
-
-
-def _repository(path: str) -> str:
-    """The repository holding ``path``: the nearest directory above with ``.git``/``.hg``
-    (at most eight levels up), else the file's own directory."""
-    here = Path(path).parent
-    for depth, candidate in enumerate([here, *here.parents]):
-        if depth > _MAX_DEPTH:
-            break
-        if (candidate / ".git").exists() or (candidate / ".hg").exists():
-            return str(candidate)
-    return str(here)
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,18 +81,10 @@ def _repository_sharding(root: str) -> str | None:
     """``"fsdp"``/``"deepspeed"`` when every Accelerate config under ``root`` that runs
     several processes names that type (``NO`` configs aside), else None."""
     kinds: set[str] = set()
-    for directory, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS]
-        for name in files:
-            if not name.endswith((".yaml", ".yml")):
-                continue
-            try:
-                text = Path(directory, name).read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            match = _CONFIG_TYPE.search(text)
-            if match is not None and match.group(1).upper() != "NO":
-                kinds.add(match.group(1).upper())
+    for _, text in text_files(root, (".yaml", ".yml")):
+        match = _CONFIG_TYPE.search(text)
+        if match is not None and match.group(1).upper() != "NO":
+            kinds.add(match.group(1).upper())
     if kinds == {"FSDP"}:
         return "fsdp"
     if kinds == {"DEEPSPEED"}:

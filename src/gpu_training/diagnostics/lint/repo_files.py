@@ -1,0 +1,89 @@
+"""The repository's non-Python files that say how its scripts are run.
+
+How a script runs is often written beside it, not in it: an Accelerate config says
+``distributed_type: FSDP``; a shell script starts ``deepspeed src/train.py`` or
+``torchrun --nproc_per_node 8 train.py``. These helpers find a file's repository and read
+those files once per repository (test trees, hidden and vendored directories aside).
+
+Example:
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> _ = (root / ".git").mkdir()
+    >>> _ = (root / "run.sh").write_text("torchrun --nproc_per_node 4 src/train.py --lr 1e-4\\n")
+    >>> multi_process_launches(str(root))
+    frozenset({'train.py'})
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+from pathlib import Path
+
+__all__ = ["multi_process_launches", "repository_of", "text_files"]
+
+_SKIP_DIRS = frozenset({"node_modules", "site-packages", "tests", "test", "__pycache__"})
+_MAX_DEPTH = 8
+_MAX_BYTES = 1 << 20
+# Launchers that start one process per GPU (`python -m <module>` or a command of their own)
+_LAUNCHERS = frozenset(
+    {"torchrun", "deepspeed", "torch.distributed.launch", "torch.distributed.run"}
+)
+_SINGLE = re.compile(r"--(?:nproc_per_node|nproc-per-node|num_gpus|num_processes)[= ]1(?!\d)")
+
+
+def repository_of(path: str) -> str:
+    """The repository holding ``path``: the nearest directory above it with ``.git``/``.hg``
+    (at most eight levels up), else the file's own directory."""
+    here = Path(path).parent
+    for depth, candidate in enumerate([here, *here.parents]):
+        if depth > _MAX_DEPTH:
+            break
+        if (candidate / ".git").exists() or (candidate / ".hg").exists():
+            return str(candidate)
+    return str(here)
+
+
+@functools.lru_cache(maxsize=64)
+def text_files(root: str, suffixes: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``(path, text)`` of every file under ``root`` ending with one of ``suffixes``."""
+    found: list[tuple[str, str]] = []
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
+        for name in sorted(files):
+            if not name.endswith(suffixes):
+                continue
+            path = Path(directory, name)
+            try:
+                if path.stat().st_size <= _MAX_BYTES:
+                    found.append((str(path), path.read_text(encoding="utf-8", errors="replace")))
+            except OSError:
+                continue
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=64)
+def multi_process_launches(root: str) -> frozenset[str]:
+    """The file names (``train.py``) that the repository's shell scripts start with a launcher
+    of one process per GPU (``torchrun``, ``deepspeed``, ``accelerate launch``,
+    ``python -m torch.distributed.launch``), unless the command asks for one process."""
+    names: set[str] = set()
+    for _, text in text_files(root, (".sh", ".bash", ".slurm")):
+        for command in text.replace("\\\n", " ").splitlines():
+            if _SINGLE.search(command):
+                continue
+            try:
+                words = shlex.split(command, comments=True)
+            except ValueError:
+                words = command.split()
+            launched = False
+            for i, word in enumerate(words):
+                base = word.rsplit("/", 1)[-1]
+                if base in _LAUNCHERS or (base == "launch" and words[i - 1 : i] == ["accelerate"]):
+                    launched = True
+                elif launched and base.endswith(".py"):
+                    names.add(base)
+                    break
+    return frozenset(names)
