@@ -156,6 +156,8 @@ def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: 
             return GUARD_RANK0
         if inner == _MULTI:
             return _SINGLE  # `not (world_size > 1)`
+        if inner is None and isinstance(test.operand, ast.Compare):
+            return switch_test(facts, test)  # the `else:` of an `if`/`elif` chain on a switch
         callee = test.operand.func if isinstance(test.operand, ast.Call) else test.operand
         last = _tail(dotted(callee))
         if inner is None and (last in _SINGLE_PROCESS_ATTRS or _means_group(last)):

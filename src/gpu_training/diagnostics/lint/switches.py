@@ -11,7 +11,10 @@ Two shapes, beside the rank guards of :mod:`~gpu_training.diagnostics.lint.guard
   through a function of the project) means a group; the other value of a two-valued switch
   means one process. Wrapping a model or building a sampler is not enough: ``if train:
   sampler = DistributedSampler(...)`` picks a loader, not a launch. A switch no branch of
-  the file creates the group under is read as nothing.
+  the file creates the group under is read as nothing. An ``if`` with no ``else`` whose body
+  returns has the statements after it for its ``else`` (``if s == "single": return 0, 1``
+  before ``init_process_group``); the final ``else:`` of an ``if``/``elif`` chain on one
+  switch holds the values the chain did not test (:func:`_chain_else`).
 
 Example:
     >>> import ast
@@ -78,7 +81,7 @@ def switch_test(facts: ModuleFacts, test: ast.expr) -> str | None:
     """
     read = _read(test)
     if read is None:
-        return None
+        return _chain_else(facts, test)
     key, value, positive = read
     found = _index(facts).get(key)
     if found is None:
@@ -93,6 +96,80 @@ def switch_test(facts: ModuleFacts, test: ast.expr) -> str | None:
     else:
         return None
     return equal if positive else (SINGLE if equal == MULTI else MULTI)
+
+
+def _chain_else(facts: ModuleFacts, test: ast.expr) -> str | None:
+    """The ``else:`` of ``if s == "fsdp": ... elif s == "ddp": ... else:`` (walked as ``not
+    (s == "ddp")``): the switch holds none of the chain's values, so one of the other values
+    the file tests; one process when each of those sets up no group (``"single"``, where
+    ``setup(s)`` returns before ``init_process_group``), a group when each sets one up."""
+    if not (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)):
+        return None
+    _index(facts)
+    chains = facts.memo.get("switch-chains")
+    entry = chains.get(id(test.operand)) if isinstance(chains, dict) else None
+    if entry is None:
+        return None
+    key, excluded = entry
+    opaque = facts.memo.get("switch-opaque")
+    if isinstance(opaque, frozenset) and key in opaque:
+        return None  # `mode in ("fsdp", "hybrid")` elsewhere: values the chain cannot see
+    group, alone, tested = _index(facts).get(key, (set(), set(), set()))
+    rest = tested - excluded
+    if rest and rest <= alone and not rest & group:
+        return SINGLE
+    if rest and rest <= group and not rest & alone:
+        return MULTI
+    return None
+
+
+def _chains(facts: ModuleFacts) -> dict[int, tuple[str, frozenset[str]]]:
+    """``id(test) -> (switch, values excluded when it fails)`` for each test of an
+    ``if``/``elif`` chain of equality tests of one switch."""
+    chains: dict[int, tuple[str, frozenset[str]]] = {}
+    for node in facts.nodes:
+        if not isinstance(node, ast.If) or id(node.test) in chains:
+            continue
+        current, key, excluded = node, None, frozenset[str]()
+        while True:
+            read = _read(current.test)
+            if read is None or not read[2] or (key is not None and read[0] != key):
+                break
+            key, excluded = read[0], excluded | {read[1]}
+            chains[id(current.test)] = (key, excluded)
+            if not (len(current.orelse) == 1 and isinstance(current.orelse[0], ast.If)):
+                break
+            current = current.orelse[0]
+    return chains
+
+
+def _opaque(facts: ModuleFacts) -> frozenset[str]:
+    """Switches also compared in a way :func:`_read` does not read (``in``, ``<``…): their
+    values are not all known from the file's equality tests."""
+    found: set[str] = set()
+    for node in facts.nodes:
+        if isinstance(node, ast.Compare) and (len(node.ops) != 1 or _read(node) is None):
+            for side in (node.left, *node.comparators):
+                key = dotted(side) if isinstance(side, (ast.Name, ast.Attribute)) else None
+                if key is not None:
+                    found.add(key)
+    return frozenset(found)
+
+
+def _rest_after(facts: ModuleFacts) -> dict[int, list[ast.stmt]]:
+    """``id(if) -> the statements after it`` for an ``if`` with no ``else`` whose body always
+    leaves (``if s == "single": return 0, 1``): they are its ``else``."""
+    rest: dict[int, list[ast.stmt]] = {}
+    for node in facts.nodes:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                leaves = isinstance(stmt, ast.If) and not stmt.orelse and stmt.body
+                if leaves and isinstance(stmt.body[-1], (ast.Return, ast.Raise)):
+                    rest[id(stmt)] = block[i + 1 :]
+    return rest
 
 
 def _read(test: ast.expr) -> tuple[str, str, bool] | None:
@@ -126,6 +203,7 @@ def _index(facts: ModuleFacts) -> _Index:
     # one pass: the set-up calls by position, then each `if` looks its branches up by range
     setups = sorted(node_start(c) for c in facts.calls if _sets_up(facts, c))
     index: _Index = {}
+    rest = _rest_after(facts) if setups else {}
     for node in facts.nodes if setups else []:
         if not isinstance(node, ast.If):
             continue
@@ -135,10 +213,15 @@ def _index(facts: ModuleFacts) -> _Index:
         key, value, positive = read
         group, alone, tested = index.setdefault(key, (set(), set(), set()))
         tested.add(value)
-        body, orelse = _holds(setups, node.body), _holds(setups, node.orelse)
+        body, orelse = (
+            _holds(setups, node.body),
+            _holds(setups, node.orelse or rest.get(id(node), [])),
+        )
         if body != orelse:
             (group if body == positive else alone).add(value)
     facts.memo["switches"] = index
+    facts.memo["switch-chains"] = _chains(facts) if setups else {}
+    facts.memo["switch-opaque"] = _opaque(facts) if setups else frozenset()
     return index
 
 
