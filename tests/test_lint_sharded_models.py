@@ -4,7 +4,8 @@ An Accelerate script that builds a plain ``Accelerator()`` takes its distributed
 ``accelerate launch --config_file``. When every multi-process Accelerate config of the
 repository says ``distributed_type: FSDP``, the prepared model is sharded: its
 ``save_pretrained()`` (through ``state_dict()``) all-gathers, so calling it on the main
-process only hangs (``GT009``); under a DDP config it does not. Accelerate's
+process only hangs (``GT009``), and accumulating without ``accelerator.accumulate()`` is the
+FSDP case, not DDP's (no ``GT013``: set 8's convention). Under a DDP config neither holds. Accelerate's
 ``load_state`` loads per-rank shards under FSDP and DeepSpeed (a collective) and plain files
 under DDP (not one). Each repository is a minimal reproduction written here (issue 33, set 10).
 """
@@ -39,6 +40,7 @@ def main(model, optimizer, loader, steps, tokenizer):
         unwrapped.save_pretrained("out", save_function=accelerator.save)
 """
 _SAVE_LINE = 19
+_BACKWARD_LINE = 11
 
 _LOAD = """\
 import torch
@@ -91,6 +93,7 @@ def test_an_fsdp_config_makes_the_main_process_save_a_collective(
 ) -> None:
     found = _found(_repository(tmp_path, _SCRIPT, configs))
     assert (_SAVE_LINE, "GT009") in found
+    assert (_BACKWARD_LINE, "GT013") not in found  # FSDP reduce-scatters by design
 
 
 @pytest.mark.parametrize(
@@ -102,6 +105,7 @@ def test_a_ddp_or_mixed_config_leaves_the_save_alone(
 ) -> None:
     found = _found(_repository(tmp_path, _SCRIPT, configs))
     assert (_SAVE_LINE, "GT009") not in found
+    assert (_BACKWARD_LINE, "GT013") in found  # DDP: every micro-batch all-reduces
 
 
 @pytest.mark.parametrize(

@@ -161,7 +161,7 @@ class FileChecker:
         self.seeds: set[ast.AST] = set(self.launch.scopes) | hf_every_process(facts)
         self.distributed = self.dist_setup or uses_dist or bool(self.framework or self.seeds)
         self.has_wrapper, self.ddp_wrapper = wrapper_kinds(
-            self.tails, self.framework, self.all_calls
+            self.tails, self.framework, self.all_calls, facts
         )
         self.own_wrapper = self.ddp_wrapper  # not inherited from an importer
         self.data_parallel = self.has_wrapper or bool(
