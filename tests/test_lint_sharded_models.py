@@ -133,3 +133,38 @@ def test_a_plugin_in_the_script_decides_without_a_config(tmp_path: Path) -> None
     )
     found = _found(_repository(tmp_path, script, {}))
     assert (10, "GT009") in found
+
+
+_SAVE_STATE = """\
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
+
+
+def fit(model, optimizer, loader, out):
+    accelerator = Accelerator(project_config=ProjectConfiguration(out, automatic_checkpoint_naming=NAMING))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        accelerator.backward(model(batch).mean())
+        optimizer.step()
+    if accelerator.is_main_process:
+        accelerator.save_state()
+"""
+
+
+@pytest.mark.parametrize(
+    ("configs", "naming", "collective"),
+    [
+        ({}, False, True),  # launched with whatever config: the catalogue's collective
+        ({"multi_gpu.yaml": "MULTI_GPU"}, False, False),  # DDP: each process saves alone
+        ({".accelerate/default_config.yaml": "'NO'"}, False, False),
+        ({"multi_gpu.yaml": "MULTI_GPU"}, True, True),  # automatic naming: a barrier
+        ({"zero2.yaml": "DEEPSPEED"}, False, True),  # the engine's collective save
+        ({"fsdp.yaml": "FSDP", "ddp.yaml": "MULTI_GPU"}, False, True),  # either: not known
+    ],
+)
+def test_save_state_is_a_collective_unless_known_ddp_without_automatic_naming(
+    tmp_path: Path, configs: dict[str, str], naming: bool, collective: bool
+) -> None:
+    script = _SAVE_STATE.replace("NAMING", str(naming))
+    found = _found(_repository(tmp_path, script, configs))
+    assert ((12, "GT009") in found) is collective

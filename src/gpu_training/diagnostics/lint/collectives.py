@@ -23,6 +23,8 @@ from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.sharded_models import (
     accelerate_sharding,
+    accelerate_unsharded,
+    names_checkpoints,
     sharded_model,
     shards_anything,
 )
@@ -170,6 +172,12 @@ def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str
         ):
             if method == "load_state" and accelerate_sharding(facts) is None:
                 return None  # under DDP each process reads the files alone: no collective
+            if (
+                method == "save_state"
+                and accelerate_unsharded(facts)
+                and not names_checkpoints(facts)
+            ):
+                return None  # known DDP: each process saves alone, nothing synchronises
             if method in ("save_state", "load_state"):
                 return f"Accelerator.{method} (sharded under DeepSpeed/FSDP, a barrier with automatic naming)"
             return f"Accelerator.{method}"

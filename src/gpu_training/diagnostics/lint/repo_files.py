@@ -46,12 +46,20 @@ def repository_of(path: str) -> str:
     return str(here)
 
 
+def _walked(directory: str) -> bool:
+    """Not a test tree, a vendored or hidden directory (``.accelerate``, where Accelerate's
+    own config may be kept, aside)."""
+    if directory in _SKIP_DIRS:
+        return False
+    return not directory.startswith(".") or directory == ".accelerate"
+
+
 @functools.lru_cache(maxsize=64)
 def text_files(root: str, suffixes: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """``(path, text)`` of every file under ``root`` ending with one of ``suffixes``."""
     found: list[tuple[str, str]] = []
     for directory, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
+        dirs[:] = sorted(d for d in dirs if _walked(d))
         for name in sorted(files):
             if not name.endswith(suffixes):
                 continue

@@ -209,9 +209,11 @@ _RULE_LIST = [
         by all ranks." The same holds for every collective (all_reduce, broadcast, gather...)
         and for helpers that run one: CheckpointManager.save() is a barrier, reduce_scalar_dict
         an all-reduce, an FSDP state_dict() an all-gather - and for libraries' calls that are
-        collectives under the hood: Accelerate's save_state and wait_for_everyone, Fabric's
-        save, a DeepSpeed engine's save_checkpoint, the forward or generate() of an
-        FSDP-sharded model (it all-gathers the parameters). (A helper whose literal argument
+        collectives under the hood: Accelerate's save_state and wait_for_everyone (and
+        load_state under FSDP or DeepSpeed; save_state under a plain DDP config without
+        automatic checkpoint naming synchronises nothing), Fabric's save, a DeepSpeed engine's
+        save_checkpoint, the forward, generate(), state_dict() or save_pretrained() of an
+        FSDP-sharded model, FSDP.summon_full_params (all-gathers of the parameters). (A helper whose literal argument
         turns its barrier off, torch_distributed_zero_first(-1), is not one there.) Without
         TORCH_DISTRIBUTED_DEBUG=DETAIL the job hangs silently until the 30-minute timeout.""",
         """Call the collective on every rank, outside the `if rank == 0` block; keep only the

@@ -43,7 +43,13 @@ from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
-__all__ = ["accelerate_sharding", "sharded_model", "shards_anything"]
+__all__ = [
+    "accelerate_sharding",
+    "accelerate_unsharded",
+    "names_checkpoints",
+    "sharded_model",
+    "shards_anything",
+]
 
 _FSDP_CALLS = frozenset({"FullyShardedDataParallel", "FSDP"})
 _CONFIG_TYPE = re.compile(r"^distributed_type:\s*['\"]?([A-Za-z_]+)", re.MULTILINE)
@@ -80,16 +86,54 @@ def accelerate_sharding(facts: ModuleFacts) -> str | None:
 def _repository_sharding(root: str) -> str | None:
     """``"fsdp"``/``"deepspeed"`` when every Accelerate config under ``root`` that runs
     several processes names that type (``NO`` configs aside), else None."""
-    kinds: set[str] = set()
-    for _, text in text_files(root, (".yaml", ".yml")):
-        match = _CONFIG_TYPE.search(text)
-        if match is not None and match.group(1).upper() != "NO":
-            kinds.add(match.group(1).upper())
+    kinds = _repository_types(root)
     if kinds == {"FSDP"}:
         return "fsdp"
     if kinds == {"DEEPSPEED"}:
         return "deepspeed"
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _repository_types(root: str) -> frozenset[str] | None:
+    """The ``distributed_type`` values of the Accelerate configs under ``root``, ``NO``
+    aside; None when the repository has no Accelerate config at all."""
+    kinds: set[str] = set()
+    configs = 0
+    for _, text in text_files(root, (".yaml", ".yml")):
+        match = _CONFIG_TYPE.search(text)
+        if match is not None:
+            configs += 1
+            if match.group(1).upper() != "NO":
+                kinds.add(match.group(1).upper())
+    return frozenset(kinds) if configs else None
+
+
+def accelerate_unsharded(facts: ModuleFacts) -> bool:
+    """The file's Accelerator is known not to shard: no plugin in the file, and the
+    repository's Accelerate configs, of which there is at least one, name no FSDP,
+    DeepSpeed or Megatron type (``MULTI_GPU``, ``NO``): DDP or one process."""
+    if accelerate_sharding(facts) is not None or facts.path in ("", "<string>"):
+        return False
+    plugins = ("fsdp_plugin", "deepspeed_plugin", "megatron_lm_plugin")
+    for call in facts.calls:
+        if tail(call_name(call, facts.imports)) != "Accelerator":
+            continue
+        if any(kw.arg is None or kw.arg in plugins for kw in call.keywords):
+            return False  # a plugin, or keyword arguments we cannot see
+    kinds = _repository_types(repository_of(os.path.abspath(facts.path)))
+    return kinds is not None and not kinds & {"FSDP", "DEEPSPEED", "MEGATRON_LM"}
+
+
+def names_checkpoints(facts: ModuleFacts) -> bool:
+    """``ProjectConfiguration(automatic_checkpoint_naming=True)`` in the file: Accelerate's
+    ``save_state`` then synchronises the processes (a barrier) whatever the type."""
+    for call in facts.calls:
+        if tail(call_name(call, facts.imports)) == "ProjectConfiguration":
+            value = keyword_arg(call, "automatic_checkpoint_naming")
+            if value is not None and not (isinstance(value, ast.Constant) and not value.value):
+                return True
+    return False
 
 
 def shards_anything(facts: ModuleFacts) -> bool:
