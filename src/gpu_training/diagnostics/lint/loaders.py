@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.calls import node_start, tail
+from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted, iter_scope_nodes
 
 __all__ = ["feeds_training", "trains_on_argument"]
@@ -64,9 +65,12 @@ def feeds_training(
         depth: How many functions deep the loader has been followed.
 
     Returns:
-        False only when every use of the loader is a loop that does not train (or a call of
-        a function of the project whose parameter is used so); True otherwise.
+        False when every use of the loader is a loop that does not train (or a call of a
+        function of the project whose parameter is used so), or when the function building
+        it is named nowhere in the project (it never runs); True otherwise.
     """
+    if depth == 0 and not named_anywhere(facts, scope.node):
+        return False  # built in a module-level function nothing names: it never runs
     if name is None or "." in name or depth > _MAX_DEPTH:
         return True
     uses = _uses(facts, scope).get(name, [])
