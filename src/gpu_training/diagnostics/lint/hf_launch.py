@@ -9,7 +9,9 @@ The same holds for a script that reads a variable only a launcher sets (``LOCAL_
 for one the repository's own shell scripts start with a launcher of one process per GPU
 (``deepspeed src/train.py --deepspeed ds.json``, ``torchrun --nproc_per_node 8 train.py``),
 whose training arguments come from ``HfArgumentParser`` or a ``TrainingArguments`` call.
-A script that does none of these is not taken as distributed (one GPU is the common case).
+A script that does none of these is not taken as distributed (one GPU is the common case),
+nor one that spreads its model over several GPUs in one process (``device_map="auto"``, a
+map naming several devices, ``dispatch_model``), which DDP cannot train.
 
 Example:
     >>> import ast
@@ -28,6 +30,7 @@ import ast
 import os
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.collectives import UNDECIDED, literal
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import multi_process_launches, repository_of
 
@@ -36,6 +39,7 @@ __all__ = ["hf_every_process", "saves_on_each_node"]
 _PACKAGES = ("transformers", "trl")
 _LAUNCH_KEYWORDS = ("local_rank", "deepspeed")
 _LAUNCHER_ENV = frozenset({"LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"})
+_SPLIT_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
 _LAUNCH_ATTRS = frozenset({"local_rank", "world_size", "process_index", "local_process_index"})
 
 
@@ -47,6 +51,8 @@ def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
         for c in facts.calls
         if isinstance(c.func, ast.Attribute) and c.func.attr == "train"
     }
+    if _splits_model(facts, trains):
+        return set()  # one process drives several GPUs: DDP cannot train such a model
     from_env = (
         _reads_launcher_env(facts) or _reads_launch_rank(facts) or _launched_by_repository(facts)
     )
@@ -71,6 +77,41 @@ def _reads_launcher_env(facts: ModuleFacts) -> bool:
             key = node.args[0] if name in ("os.environ.get", "os.getenv") else None
         if isinstance(key, ast.Constant) and key.value in _LAUNCHER_ENV:
             return True
+    return False
+
+
+def _splits_model(facts: ModuleFacts, trains: set[ast.AST]) -> bool:
+    """The file spreads one model over several GPUs in one process: ``dispatch_model(...)``,
+    or ``device_map=`` given ``"auto"``/``"balanced"``/``"sequential"`` or a dict naming two
+    or more devices (not ``{"": local_rank}``, one GPU per process). A Trainer refuses to
+    train such a model under DDP: the script runs as one process. Only where it trains
+    (``trains``: the scopes calling ``.train()``), outside dead code (``if False:``)."""
+    dead = {
+        id(sub)
+        for node in facts.nodes
+        if isinstance(node, ast.If) and literal(node.test, {}) is not UNDECIDED
+        for block in (
+            [] if literal(node.test, {}) else node.body,
+            node.orelse if literal(node.test, {}) else [],
+        )
+        for stmt in block
+        for sub in ast.walk(stmt)
+    }
+    for call in facts.calls:
+        if id(call) in dead or facts.scope_containing(call).node not in trains:
+            continue
+        if tail(call_name(call, facts.imports)) == "dispatch_model":
+            return True
+        value = keyword_arg(call, "device_map")
+        if isinstance(value, ast.Name):
+            bound = facts.lookup_all(value.id, facts.scope_containing(call))
+            value = bound[0] if len(bound) == 1 else None
+        if isinstance(value, ast.Constant) and value.value in _SPLIT_MAPS:
+            return True
+        if isinstance(value, ast.Dict):
+            devices = {v.value for v in value.values if isinstance(v, ast.Constant)}
+            if len(devices) >= 2:
+                return True
     return False
 
 

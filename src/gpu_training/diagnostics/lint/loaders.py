@@ -16,7 +16,7 @@ Example:
     >>> import ast
     >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> tree = ast.parse("def f(ds):\\n    dl = DataLoader(ds)\\n"
-    ...                  "    for b in tqdm(dl):\\n        model(b)\\n")
+    ...                  "    for b in tqdm(dl):\\n        model(b)\\nf(data)\\n")
     >>> facts = ModuleFacts(tree)
     >>> func = tree.body[0]
     >>> loader, scope = func.body[0].value, facts.scope_of(func)
