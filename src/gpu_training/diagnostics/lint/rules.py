@@ -158,8 +158,9 @@ _RULE_LIST = [
         "saving the DDP wrapper's state_dict(): keys get a 'module.' prefix",
         """"torch.save(model.state_dict()) saves DDP-prefixed keys": every key starts with
         "module.", and the checkpoint does not load into a plain (non-DDP) model for inference
-        or into a run on another strategy. Pickling the wrapper itself (torch.save(model))
-        is worse: it needs the process group to load.""",
+        or into a run on another strategy. The DeepSpeed engine deepspeed.initialize returns
+        and the model an Accelerator's prepare() returns are such wrappers too. Pickling the
+        wrapper itself (torch.save(model)) is worse: it needs the process group to load.""",
         """Save gpu_training.ddp.unwrap_model(model).state_dict() (or model.module.state_dict()),
         or let gpu_training.checkpoint.CheckpointManager.save() strip the prefixes.""",
         ("dist", "Checkpointing without corrupting files"),

@@ -42,6 +42,7 @@ from gpu_training.diagnostics.lint.group_rank import literal_group_rank
 from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
+from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
 from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -332,6 +333,8 @@ class SetupRules:
         key = dotted(expr)
         if key is None or not isinstance(expr, ast.Name):
             return False
+        if library_wrapper(self.facts, expr, scope) is not None:  # deepspeed.initialize()
+            return True
         every = self.facts.lookup(key, scope, node_start(expr))
         if every == [None] and depth < 3:
             made = unpacked_from_local_call(self.facts, expr.id, scope)
