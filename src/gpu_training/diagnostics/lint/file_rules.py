@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
+from gpu_training.diagnostics.lint.fixed_devices import fixed_ddp_devices
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.local_branches import locally_decided_collectives
 from gpu_training.diagnostics.lint.model import call_name
@@ -66,6 +67,8 @@ def whole_file_rules(checker: FileChecker) -> None:
     if direct and not pinned and checker.setup.default_cuda:
         node, what = checker.setup.default_cuda[0]
         checker.add(node, "GT002", f"{what} without set_device")
+    for index, detail in fixed_ddp_devices(facts, all_calls) if checker.distributed else []:
+        checker.add(index, "GT002", detail)
     tails = checker.tails
     if "train_one_epoch" in facts.functions or any(
         facts.callees(c) for c in all_calls if tail(call_name(c, imports)) == "train_one_epoch"

@@ -98,8 +98,8 @@ _RULE_LIST = [
         """The script creates a process group and puts work on the *current* CUDA device
         (".cuda()", "cuda", or a fixed "cuda:0") but never pins the process to its own GPU.
         "Skipping that step is the classic first bug: every rank lands on cuda:0, you run out
-        of memory, and ranks 1..N sit idle." A hard-coded "cuda:0" does the same even after
-        set_device.""",
+        of memory, and ranks 1..N sit idle." A hard-coded "cuda:0" (or DDP's device_ids=[0] /
+        output_device=0) does the same even after set_device.""",
         """Call torch.cuda.set_device(local_rank) before init_process_group (or use
         gpu_training.ddp.init_distributed(), which does it) and use
         gpu_training.ddp.resolve_device(ctx) instead of a literal device.""",
