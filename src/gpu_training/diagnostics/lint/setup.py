@@ -59,23 +59,8 @@ __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 Report = Callable[[ast.AST, str, str], None]
 """``report(node, code, detail)``."""
 
-_OPTIMIZERS = frozenset(
-    {
-        "SGD",
-        "Adam",
-        "AdamW",
-        "RMSprop",
-        "Adagrad",
-        "Adadelta",
-        "Adamax",
-        "NAdam",
-        "RAdam",
-        "SparseAdam",
-        "LBFGS",
-        "Lion",
-        "Adafactor",
-    }
-)
+_OPTIMIZERS = frozenset(("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax"))
+_OPTIMIZERS |= {"NAdam", "RAdam", "SparseAdam", "LBFGS", "Lion", "Adafactor"}
 EVAL_NAME = re.compile(r"val|eval|test|dev", re.I)
 """A name that says validation, evaluation or test data (a loader no training step reads)."""
 _CUDA_INDEX = re.compile(r"^cuda:\d+$")
@@ -466,6 +451,9 @@ def global_rank_source(
         if last in ("get", "getenv") and expr.args:
             return _env_rank(expr.args[0], expr)
         return None
+    if isinstance(expr, ast.IfExp):  # `dist.get_rank() if distributed else 0`: 0 on one process
+        sides = [s for s in (expr.body, expr.orelse) if not isinstance(s, ast.Constant)]
+        return global_rank_source(facts, sides[0], scope, depth + 1) if len(sides) == 1 else None
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Mult)):
         # `node * gpus_per_node + local_rank` is a global rank; `rank % gpus` is not
         return global_rank_source(facts, expr.left, scope, depth + 1) or global_rank_source(
