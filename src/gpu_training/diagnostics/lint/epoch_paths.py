@@ -6,7 +6,10 @@ is built under.
 in the epoch loop reseeds it on the ``ddp`` path only, so the ``distributed`` path draws the
 same order every epoch. Read: every ``set_epoch`` of the loop sits under a test of one name;
 the loader's builder (a project function that builds a shuffling distributed sampler, or
-``DistributedSampler`` itself) is given an ``or`` of that name and others.
+``DistributedSampler`` itself) is given an ``or`` of that name and others, or the file builds
+a shuffling distributed sampler where that name is false (the ``else:`` of ``if flag:``, the
+body of ``if not flag:``): a flag-conditional ``set_epoch`` is read as skipped on the path
+where its flag is false, and reported when a sampler exists on that path.
 
 Example:
     >>> import ast
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import tail
+from gpu_training.diagnostics.lint.calls import call_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 
 __all__ = ["reseeded_on_one_path"]
@@ -53,7 +56,41 @@ def reseeded_on_one_path(facts: ModuleFacts) -> list[ast.stmt]:
             if any(v is not None and _built_wider(v, flag, facts) for v in values):
                 found.append(loop)
                 break
+        else:
+            if _built_where_false(facts, flag):
+                found.append(loop)
     return found
+
+
+def _built_where_false(facts: ModuleFacts, flag: str) -> bool:
+    """A shuffling distributed sampler of the file is built where ``flag`` is false: in the
+    ``else:`` of ``if flag:`` (both sides build one, the other side's ``num_replicas`` given by
+    hand) or under ``if not flag:``. The epoch loop's ``if flag: set_epoch(epoch)`` then skips
+    a sampler that exists, and that path repeats one order every epoch."""
+    flag = flag.removeprefix("self.")  # `self.cfg.ddp` in a method, `cfg.ddp` in __init__
+    for node in facts.nodes:
+        if not isinstance(node, ast.If):
+            continue
+        test = node.test
+        if (dotted(test) or "").removeprefix("self.") == flag:
+            where = node.orelse
+        elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            negated = (dotted(test.operand) or "").removeprefix("self.")
+            where = node.body if negated == flag else []
+        else:
+            continue
+        for stmt in where:
+            for call in ast.walk(stmt):
+                if isinstance(call, ast.Call) and _builds_shuffling(call, facts):
+                    return True
+    return False
+
+
+def _builds_shuffling(call: ast.Call, facts: ModuleFacts) -> bool:
+    if tail(call_name(call, facts.imports)) == "DistributedSampler":
+        shuffle = call_arg(call, 3, "shuffle")
+        return not (isinstance(shuffle, ast.Constant) and shuffle.value is False)
+    return any(s.shuffles_sampler for s in facts.summaries(call))
 
 
 def _guarded_set_epochs(loop: ast.stmt) -> list[tuple[str | None, ast.Call]]:
