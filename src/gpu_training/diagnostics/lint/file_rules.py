@@ -35,6 +35,7 @@ from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.ranks import unpaired_collectives
 from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
+from gpu_training.diagnostics.lint.trainer_precision import bf16_trainers
 from gpu_training.diagnostics.lint.visible_devices import (
     cuda_fstring_indices,
     global_visible_devices,
@@ -100,6 +101,8 @@ def whole_file_rules(checker: FileChecker) -> None:
     if "backward" in checker.tails or any(s.trains for s in summaries):
         for optimizer, detail in bf16_adam(facts):  # not one built to load a checkpoint
             checker.add(optimizer, "GT019", detail)
+    for trainer, detail in bf16_trainers(facts):  # the Hugging Face Trainer's own AdamW
+        checker.add(trainer, "GT019", detail)
     for guarded in unpaired_collectives(checker.guarded_collectives):
         checker.add(guarded.call, "GT009", guarded.collective)
     ranked = {id(g.call) for g in checker.guarded_collectives}

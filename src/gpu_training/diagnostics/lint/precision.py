@@ -33,7 +33,7 @@ import ast
 from gpu_training.diagnostics.lint.calls import is_const, keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
-__all__ = ["bf16_adam", "scalers_with_bf16"]
+__all__ = ["bf16_adam", "conversion", "scalers_with_bf16"]
 
 _ADAM = frozenset({"Adam", "AdamW"})
 _FP32 = frozenset({"float32", "float"})
@@ -52,7 +52,7 @@ def _dtype(expr: ast.expr | None, facts: ModuleFacts) -> str | None:
     return None
 
 
-def _conversion(call: ast.Call, facts: ModuleFacts) -> tuple[str, ast.expr] | None:
+def conversion(call: ast.Call, facts: ModuleFacts) -> tuple[str, ast.expr] | None:
     """``x.to(torch.bfloat16)``/``x.bfloat16()`` → ``("bfloat16", x)``; ``x.float()`` →
     ``("float32", x)``; ``from_pretrained(..., torch_dtype=torch.bfloat16)`` → bfloat16 of the
     call itself."""
@@ -137,10 +137,10 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
         bf16: dict[str, ast.Call] = {}
         fp32: set[str] = set()
         for call in scope_calls:
-            conversion = _conversion(call, facts)
-            if conversion is None:
+            converted = conversion(call, facts)
+            if converted is None:
                 continue
-            kind, target = conversion
+            kind, target = converted
             names_of = {dotted(target), _bound_name(call, parents)} - {None}
             if isinstance(target, ast.Call):  # `Net().to(torch.bfloat16)` bound to a name
                 names_of = {_bound_name(call, parents)} - {None}

@@ -367,9 +367,11 @@ _RULE_LIST = [
         under half of that rounds away), while an Adam update is about lr (1e-4..1e-5), so
         small updates vanish, the others are rounded coarsely, and training stalls or
         degrades. Mixed precision keeps fp32 parameters (the "master weights") and computes
-        in bf16. (Not flagged: a DeepSpeed script, Accelerate's FSDP or DeepSpeed plugin,
-        which keep or upcast to fp32, optimizers of other packages such as bitsandbytes or
-        AnyPrecisionAdamW with Kahan summation.)""",
+        in bf16. The Hugging Face Trainer's default optim ("adamw_torch") is such an
+        optimizer: bf16=True adds autocast and converts nothing. (Not flagged: a DeepSpeed
+        script, Accelerate's FSDP or DeepSpeed plugin, which keep or upcast to fp32,
+        optimizers of other packages such as bitsandbytes or AnyPrecisionAdamW with Kahan
+        summation, adapters (PEFT) trained over a bf16 base.)""",
         """Keep the parameters in fp32 and compute in bf16: torch.autocast(device_type="cuda",
         dtype=torch.bfloat16) around the forward (gpu_training.amp.MixedPrecisionStepper(
         optimizer, "bf16")), FSDP's MixedPrecision(param_dtype=torch.bfloat16), or DeepSpeed's
