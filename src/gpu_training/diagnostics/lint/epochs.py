@@ -21,6 +21,10 @@ import ast
 from collections.abc import Mapping, Sequence
 
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, tail
+from gpu_training.diagnostics.lint.library_loaders import (
+    prefetched_loader,
+    shuffling_library_loader,
+)
 from gpu_training.diagnostics.lint.loaders import trains_on_argument
 from gpu_training.diagnostics.lint.model import (
     Imports,
@@ -133,6 +137,8 @@ def shuffling_sampler(
 ) -> bool:
     """``DistributedSampler(dataset)`` (``shuffle`` not ``False``) or the toolkit's own, or a
     class of the module (``toplevel``) derived from it (:mod:`.sampler_classes`)."""
+    if shuffling_library_loader(call, imports):  # timm's create_loader(distributed=...)
+        return True
     last = tail(call_name(call, imports))
     own = None
     if toplevel and isinstance(call.func, ast.Name) and call.func.id not in imports.names:
@@ -252,6 +258,20 @@ def prepared_by_accelerate(facts: ModuleFacts, calls: list[ast.Call]) -> bool:
             continue
         for arg in call.args:
             name = dotted(arg) or ""
+            if _prefetched(facts, arg):
+                continue  # not a DataLoader: prepare() hands it back as it is
             if "loader" in name.rsplit(".", 1)[-1].lower() or "loader" in facts.kinds(arg, scope):
                 return True
     return False
+
+
+def _prefetched(facts: ModuleFacts, arg: ast.expr) -> bool:
+    """A name bound (where it is prepared) to a library loader that is no ``DataLoader``
+    (:func:`~gpu_training.diagnostics.lint.library_loaders.prefetched_loader`)."""
+    key = dotted(arg)
+    if key is None:
+        return False
+    values = facts.lookup(key, facts.scope_containing(arg), (arg.lineno, arg.col_offset))
+    return bool(values) and all(
+        isinstance(v, ast.Call) and prefetched_loader(v, facts.imports) for v in values
+    )
