@@ -11,7 +11,9 @@ which is why Accelerate's own guides save ``accelerator.unwrap_model(model).stat
 Only the *model* of ``prepare`` is read as a wrapper: a prepared optimizer's or scheduler's
 ``state_dict()`` is the inner one's. A model is what the script trains as a model: its
 ``.parameters()``, ``.train()``/``.eval()`` or a forward call on it. A file that configures
-Accelerate's FSDP plugin is left out (FSDP's state dict keys are not prefixed).
+Accelerate's FSDP plugin is left out (FSDP's state dict keys are not prefixed). A class that
+keeps the result on ``self`` (``self.model, self.opt = self.accelerator.prepare(...)``) is read
+over all its methods, unless one of them rebinds the attribute to the unwrapped model.
 
 Example:
     >>> import ast
@@ -49,9 +51,13 @@ def library_wrapper(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> str | N
     Returns:
         The evidence (``"deepspeed.initialize() returns the DeepSpeed engine"``), or None.
     """
-    if not isinstance(expr, ast.Name):
+    key = dotted(expr) or ""
+    if isinstance(expr, ast.Name):
+        binding = _last_binding(facts, expr, scope)
+    elif key.startswith("self.") and scope.cls is not None:
+        binding = _class_binding(key, scope.cls)
+    else:
         return None
-    binding = _last_binding(facts, expr, scope)
     if binding is None:
         return None
     value, index = binding
@@ -68,7 +74,7 @@ def library_wrapper(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> str | N
     given = value.args[index]
     if facts.kinds(given, scope) & _NOT_MODELS:
         return None
-    if not (_used_as_model(facts, expr.id) or _used_as_model(facts, dotted(given))):
+    if not (_used_as_model(facts, key) or _used_as_model(facts, dotted(given))):
         return None
     return f"{ast.unparse(func)}() wraps the model (DDP on several GPUs)"
 
@@ -101,14 +107,48 @@ def _last_binding(facts: ModuleFacts, expr: ast.Name, scope: Scope) -> tuple[ast
     return best[1], best[2]
 
 
-def _position(target: ast.expr, name: str) -> int | None:
-    if isinstance(target, ast.Name):
-        return 0 if target.id == name else None
+def _class_binding(key: str, cls: ast.ClassDef) -> tuple[ast.Call, int] | None:
+    """``self.model, self.opt = self.accelerator.prepare(self.model, self.opt)`` in any
+    method of the class: the library call and the attribute's position; None when a method
+    also rebinds the attribute to an unwrapped model (``self.model = self.model.module``)."""
+    found: tuple[ast.Call, int] | None = None
+    for node in ast.walk(cls):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            index = _position(target, key)
+            if index is None:
+                continue
+            value = node.value
+            if _unwraps(value):
+                return None
+            if isinstance(value, ast.Call) and _from_library(value):
+                found = (value, index)
+    return found
+
+
+def _from_library(call: ast.Call) -> bool:
+    func = call.func
+    return isinstance(func, ast.Attribute) and func.attr in (
+        "initialize",
+        "prepare",
+        "prepare_model",
+    )
+
+
+def _unwraps(value: ast.expr) -> bool:
+    if isinstance(value, ast.Attribute):
+        return value.attr == "module"
+    return isinstance(value, ast.Call) and tail(dotted(value.func) or "") == "unwrap_model"
+
+
+def _position(target: ast.expr, key: str) -> int | None:
     if isinstance(target, (ast.Tuple, ast.List)):
         for i, elt in enumerate(target.elts):
-            if isinstance(elt, ast.Name) and elt.id == name:
+            if dotted(elt) == key:
                 return i
-    return None
+        return None
+    return 0 if dotted(target) == key else None
 
 
 def _is_accelerator(facts: ModuleFacts, receiver: ast.expr) -> bool:

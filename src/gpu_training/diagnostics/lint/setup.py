@@ -315,11 +315,11 @@ class SetupRules:
         (``model, optimizer = create_model()``)."""
         if self.facts.kinds(expr, scope) & {"ddp", "dp"}:
             return True
+        if library_wrapper(self.facts, expr, scope) is not None:  # deepspeed.initialize()
+            return True
         key = dotted(expr)
         if key is None or not isinstance(expr, ast.Name):
             return False
-        if library_wrapper(self.facts, expr, scope) is not None:  # deepspeed.initialize()
-            return True
         every = self.facts.lookup(key, scope, node_start(expr))
         if every == [None] and depth < 3:
             made = unpacked_from_local_call(self.facts, expr.id, scope)
