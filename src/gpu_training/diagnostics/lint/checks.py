@@ -360,7 +360,7 @@ class FileChecker:
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 self._note_assignment(stmt, ctx, scope)
             if ctx.guarded_here:
-                for target, detail in rank_dependent_assignments(stmt):
+                for target, detail in rank_dependent_assignments(stmt, scope):
                     self.add(target, "GT014", detail)
         return ctx
 

@@ -40,6 +40,7 @@ from gpu_training.diagnostics.lint.collectives import (
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.handles import appended_by_rank0_only, one_literal_path
 from gpu_training.diagnostics.lint.log_files import truncated_log_file
+from gpu_training.diagnostics.lint.lr_assignments import rank_dependent_assignments
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
     Scope,
@@ -367,23 +368,6 @@ def rank_dependent_update(call: ast.Call, scope: Scope, facts: ModuleFacts) -> s
     ):
         return f"{dotted(receiver) or 'optimizer'}.step()"
     return None
-
-
-def rank_dependent_assignments(stmt: ast.stmt) -> list[tuple[ast.expr, str]]:
-    """``GT014`` for a statement under a rank guard: ``group['lr'] = ...`` and the like.
-
-    Returns:
-        ``(target, detail)`` for each assignment to an ``['lr']``/``['learning_rate']`` key.
-    """
-    if not isinstance(stmt, (ast.Assign, ast.AugAssign)):
-        return []
-    found: list[tuple[ast.expr, str]] = []
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-    for target in targets:
-        key = target.slice if isinstance(target, ast.Subscript) else None
-        if isinstance(key, ast.Constant) and key.value in ("lr", "learning_rate"):
-            found.append((target, f"['{key.value}'] set"))
-    return found
 
 
 # --- writes and logs on every rank ----------------------------------------------------------
