@@ -1,14 +1,13 @@
 """The checks behind ``gpu-training lint``: one AST walk per file finds every rule's pitfall.
 
-The walk carries a context down the statements — does only rank 0 run this, or only some
-ranks (``if rank == 0:``, the ``else`` of it, the rest of a function after
-``if not ctx.is_main_process: return``, ``x if rank == 0 else None``)? only local rank 0 of
-each node? is it inside ``no_sync()``? inside which loops? in a block that ends the program?
-— and hands every call to the rules. Functions are followed, in the file and across the
-project (:class:`~gpu_training.diagnostics.lint.project.Project`): a function called only
-under a rank-0 guard is rank-0 code, whichever module calls it; one that runs a collective
-makes its call a collective too; a helper that creates the process group makes its caller
-responsible for destroying it.
+The walk carries a context down the statements — does only rank 0 run this, or only some ranks
+(``if rank == 0:``, the ``else`` of it, the rest of a function after ``if not
+ctx.is_main_process: return``, ``x if rank == 0 else None``)? only local rank 0 of each node? is
+it inside ``no_sync()``? inside which loops? in a block that ends the program? one process only?
+— and hands every call to the rules. Functions are followed, in the file and across the project
+(:class:`~gpu_training.diagnostics.lint.project.Project`): a function called only under a rank-0
+guard is rank-0 code, whichever module calls it; one that runs a collective makes its call a
+collective too; a helper that creates the process group makes its caller destroy it.
 
 :func:`~gpu_training.diagnostics.lint.run.check_project` runs the files of a project
 together. This module holds the walk (:class:`FileChecker`), which hands each call to the
@@ -17,8 +16,7 @@ rules; they live beside it, each with the analysis it rests on:
 * :mod:`~gpu_training.diagnostics.lint.file_rules` — the whole-file rules, run once the walk
   is done: ``GT002`` without ``set_device``, ``GT005``, ``GT009``, ``GT011``, ``GT019`` and
   ``GT015`` (through :mod:`~gpu_training.diagnostics.lint.teardown`);
-* :mod:`~gpu_training.diagnostics.lint.setup` — one call alone: ``GT001``-``GT004``,
-  ``GT006``, ``GT010``, ``GT018``;
+* :mod:`~gpu_training.diagnostics.lint.setup` — one call: GT001-GT004, GT006, GT010, GT018;
 * :mod:`~gpu_training.diagnostics.lint.ranks` — collectives and which scopes run on every
   rank: ``GT007``/``GT017`` writes, ``GT008`` logs, ``GT009`` collectives and ``GT014``
   updates under a rank guard;
@@ -435,7 +433,9 @@ class FileChecker:
             )
             if not stmt.orelse and terminates(stmt.body) and self.ranks.creates_group(stmt.body):
                 return replace(ctx, launcher=True)  # the ranks returned above; the parent goes on
-            return else_ctx if not stmt.orelse and terminates(stmt.body) else ctx  # `if x: return`
+            if not stmt.orelse and terminates(stmt.body):  # `if x: return`, `if world > 1: raise`
+                return replace(single, optional=ctx.optional) if lone_else else else_ctx
+            return ctx
         excused = self.ranks.collectives_in(stmt.body, scope) & self.ranks.collectives_in(
             stmt.orelse, scope
         )
@@ -452,9 +452,9 @@ class FileChecker:
             )
         self._stmts(stmt.body, body_ctx, scope, branch=True)
         self._stmts(stmt.orelse, else_ctx, scope, branch=True)
-        if not stmt.orelse and terminates(stmt.body):
-            # `if not ctx.is_main_process: return`: what follows runs on the other ranks only
-            return replace(else_ctx, excused=frozenset(), exits=ctx.exits)
+        if not stmt.orelse and terminates(stmt.body) and not isinstance(stmt.body[-1], ast.Raise):
+            # `if not ctx.is_main_process: return`: the rest runs on the other ranks only (a raise
+            return replace(else_ctx, excused=frozenset(), exits=ctx.exits)  # fails the job instead)
         return ctx
 
     # --- expressions and calls ------------------------------------------------------------

@@ -344,8 +344,8 @@ def _classify_compare(
         single = isinstance(op, (ast.Eq, ast.Is))
         return _SINGLE if single and rank_derived(facts, left, scope) else None
     if not rank_derived(facts, left, scope):
-        sizes = dotted(left) or ""
-        if "world_size" in sizes.lower() and isinstance(right, ast.Constant):
+        sizes = (dotted(left.func if isinstance(left, ast.Call) else left) or "").lower()
+        if ("world_size" in sizes or "num_processes" in sizes) and isinstance(right, ast.Constant):
             return world_size_test(op, right.value)
         return switch_test(facts, test)  # `args.dist == "OFF"`, by what its branches create
     if isinstance(right, ast.Constant) and right.value == 0 and right.value is not False:
