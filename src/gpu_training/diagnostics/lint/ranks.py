@@ -49,6 +49,7 @@ from gpu_training.diagnostics.lint.model import (
     iter_scope_nodes,
 )
 from gpu_training.diagnostics.lint.pipeline_schedules import is_pipeline_schedule
+from gpu_training.diagnostics.lint.temp_paths import private_temp_path
 
 __all__ = [
     "GuardedCollective",
@@ -422,7 +423,7 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         path, what = (given if given is not None else call.func.value), method
     if path is None or _caller_decides(path, scope, facts):
         return None
-    if facts.mentions_rank(call) or facts.kinds(path, scope) & {"tempfile"}:
+    if facts.mentions_rank(call) or private_temp_path(facts, path, scope):
         return None  # one file per rank, or a private temporary file
     if rank_in_value(facts, path, scope):
         return None  # save_path = f"ckpt.rank{rank}"; torch.save(state, save_path)

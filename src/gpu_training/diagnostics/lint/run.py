@@ -23,6 +23,7 @@ from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.unimportable import failing_import_line
 
 __all__ = ["RawFinding", "check_project", "check_tree"]
 
@@ -104,6 +105,10 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
         found = results[path]
         if not isinstance(found, str):
             results[path] = sorted({*found, *extra})
+    for path, found in results.items():  # nothing after an import that fails ever runs
+        dead = failing_import_line(project, project.linted[path])
+        if dead is not None and not isinstance(found, str):
+            results[path] = [f for f in found if f.line < dead]
     return results
 
 

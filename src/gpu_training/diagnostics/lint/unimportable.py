@@ -1,0 +1,111 @@
+"""Modules that cannot be imported: their code never runs, in any process.
+
+``from model.pointcept.datasets import build_dataset`` at the top of a module, where
+``model/pointcept/`` is a regular package of the repository (it has an ``__init__.py``) and
+holds no ``datasets`` module or package, raises ``ImportError`` when the module is imported or
+run: nothing after that line ever executes, so no rank writes, loads or all-reduces there (a
+vendored tester whose datasets the repository does not ship). The same holds for a module
+that imports such a module at its top. An import inside a function, a ``try`` or an ``if`` may
+never run; only the module's own top-level imports count. Not judged: an entry script (an
+``if __name__ == "__main__":`` block: it is run by hand, its training code is what its author
+runs once the import is fixed) and imports that follow a change of ``sys.path``.
+
+Example:
+    >>> import ast, tempfile
+    >>> from pathlib import Path
+    >>> from gpu_training.diagnostics.lint.project import Project
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "pkg").mkdir()
+    >>> (root / "pkg" / "__init__.py").write_text("")
+    0
+    >>> _ = (root / "pkg" / "tester.py").write_text("import os\\nfrom pkg.data import load\\n")
+    >>> project = Project([root])
+    >>> facts = project.add(str(root / "pkg" / "tester.py"),
+    ...                     ast.parse((root / "pkg" / "tester.py").read_text()))
+    >>> failing_import_line(project, facts)
+    2
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.model import ModuleFacts
+from gpu_training.diagnostics.lint.project import Project
+
+__all__ = ["failing_import_line"]
+
+_MAX_DEPTH = 6
+_MEMO = "failing_import_line"
+_SUFFIXES = (".py", ".pyi", ".so", ".pyd", ".pyx")
+
+
+def _imported(node: ast.stmt) -> list[tuple[str, int]]:
+    """The modules a top-level import statement loads: ``(dotted name, level)``."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, 0) for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [(node.module or "", node.level)]
+    return []
+
+
+def _missing_from_package(project: Project, importer: str, module: str, level: int) -> bool:
+    """Whether the module's parent is a regular package of the project with no such member."""
+    parts = module.split(".") if module else []
+    if not parts or (level == 0 and len(parts) < 2):
+        return False  # a top-level name may be installed: only a package's member is known
+    parent = project.module_file(importer, ".".join(parts[:-1]), level)
+    if parent is None or parent.name != "__init__.py":
+        return False  # not the project's, or a namespace package (spread over directories)
+    folder = parent.parent
+    leaf = parts[-1]
+    if (folder / leaf).is_dir():
+        return False
+    return not any(
+        p.name.startswith(leaf + ".") and p.suffix in _SUFFIXES for p in folder.iterdir()
+    )
+
+
+def _runs_itself(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` — whoever runs the script fixes what it imports first."""
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+
+def failing_import_line(project: Project, facts: ModuleFacts, depth: int = 0) -> int | None:
+    """The line of the first top-level import that raises ``ImportError``, or None.
+
+    Args:
+        project: The project (to resolve the imports against the repository).
+        facts: The module.
+        depth: How many importing modules were followed already.
+
+    Returns:
+        The line from which nothing of the module runs; None when its imports resolve (or
+        name modules outside the project, which may be installed).
+    """
+    importer = facts.path
+    if importer.startswith("<") or depth > _MAX_DEPTH:
+        return None
+    if _MEMO in facts.memo:
+        cached = facts.memo[_MEMO]
+        return cached if isinstance(cached, int) else None
+    facts.memo[_MEMO] = None  # an import cycle resolves as "imports fine"
+    found: int | None = None
+    body = facts.tree.body
+    for node in [] if any(_runs_itself(n) for n in body) else body:  # entry script: not judged
+        if "sys.path" in ast.unparse(node):
+            break  # the imports below resolve against a path set at run time
+        for module, level in _imported(node):
+            if _missing_from_package(project, importer, module, level):
+                found = node.lineno
+                break
+            target = project.module_file(importer, module, level)
+            other = project.facts_for(target) if target is not None and target.is_file() else None
+            fails = other is not None and other is not facts
+            if fails and failing_import_line(project, other, depth + 1) is not None:  # type: ignore[arg-type]
+                found = node.lineno
+                break
+        if found is not None:
+            break
+    facts.memo[_MEMO] = found
+    return found
