@@ -27,7 +27,7 @@ import ast
 from gpu_training.diagnostics.lint.calls import call_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 
-__all__ = ["group_rank_keys"]
+__all__ = ["group_rank_keys", "spawn_index_keys"]
 
 _RANK_POSITION = 4  # init_process_group(backend, init_method, timeout, world_size, rank, ...)
 
@@ -78,4 +78,50 @@ def literal_group_rank(facts: ModuleFacts) -> bool:
         isinstance(r, ast.Constant) and isinstance(r.value, int) for r in ranks
     )
     facts.memo["literal-group-rank"] = result
+    return result
+
+
+def spawn_index_keys(facts: ModuleFacts) -> frozenset[str]:
+    """The names that hold the process index ``torch.multiprocessing.spawn`` passes its target
+    as first argument (``def main_worker(gpu, ngpus, args)``, ``args.gpu = gpu``): the index of
+    the process on its machine, 0 on one process per node, unless the group was created with
+    it as its rank (then :func:`group_rank_keys`: one machine, the global rank). Kept in
+    ``facts.memo``.
+
+    Example:
+        >>> import ast
+        >>> src = ("import torch.multiprocessing as mp\\n"
+        ...        "def worker(gpu, opt):\\n    opt.gpu = gpu\\n"
+        ...        "    dist.init_process_group('nccl', rank=opt.node * 8 + gpu)\\n"
+        ...        "mp.spawn(worker, nprocs=8, args=(opt,))\\n")
+        >>> sorted(spawn_index_keys(ModuleFacts(ast.parse(src))))
+        ['gpu', 'opt.gpu']
+    """
+    cached = facts.memo.get("spawn-index-keys")
+    if isinstance(cached, frozenset):
+        return cached
+    keys: set[str] = set()
+    targets = {
+        dotted(call.args[0])
+        for call in facts.calls
+        if call.args
+        and "multiprocessing" in (name := call_name(call, facts.imports))
+        and tail(name) in ("spawn", "start_processes")
+    }
+    for node in facts.nodes:
+        if (
+            not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            or node.name not in targets
+        ):
+            continue
+        params = [*node.args.posonlyargs, *node.args.args]
+        if not params:
+            continue
+        index = params[0].arg
+        keys.add(index)
+        for sub in ast.walk(node):  # `opt.gpu = gpu`: the same index under another name
+            if isinstance(sub, ast.Assign) and dotted(sub.value) == index:
+                keys.update(k for t in sub.targets if (k := dotted(t)) is not None)
+    result = frozenset(keys - group_rank_keys(facts))
+    facts.memo["spawn-index-keys"] = result
     return result

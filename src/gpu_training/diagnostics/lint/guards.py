@@ -35,7 +35,7 @@ import re
 from collections.abc import Iterator
 
 from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
-from gpu_training.diagnostics.lint.group_rank import group_rank_keys
+from gpu_training.diagnostics.lint.group_rank import group_rank_keys, spawn_index_keys
 from gpu_training.diagnostics.lint.locality import (
     FLAG_NAMES,
     guard_locality,
@@ -465,8 +465,8 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
         return False
     if isinstance(expr, (ast.Name, ast.Attribute)):
         name = _tail(dotted(expr)).lower()
-        if dotted(expr) in group_rank_keys(facts):
-            return True  # `init_process_group(rank=args.gpu)`: the group's rank, by any name
+        if dotted(expr) in group_rank_keys(facts) | spawn_index_keys(facts):
+            return True  # `init_process_group(rank=args.gpu)`, `args.gpu = gpu` of a spawn worker
         if "rank" in name and not FLAG_NAMES.match(name):
             return not _boolean(facts, expr, scope)  # `self.negative_all_rank`: a switch
         if name in RANK_ATTRS:

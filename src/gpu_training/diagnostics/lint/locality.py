@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gpu_training.diagnostics.lint.group_rank import group_rank_keys
+from gpu_training.diagnostics.lint.group_rank import group_rank_keys, spawn_index_keys
 from gpu_training.diagnostics.lint.model import (
     RANK_ATTRS,
     RANK_CALLS,
@@ -136,6 +136,8 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
     if not name:
         return None
     is_rankish = "rank" in name or name in RANK_ATTRS or FLAG_NAMES.match(name) is not None
+    if dotted(node) in spawn_index_keys(facts):
+        return "local"  # `mp.spawn(worker)`'s process index: the index within the node
     if dotted(node) in group_rank_keys(facts):
         return (
             "global"  # `init_process_group(rank=local_rank)`: the group's rank, whatever its name
