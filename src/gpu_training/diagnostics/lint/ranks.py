@@ -40,6 +40,7 @@ from gpu_training.diagnostics.lint.collectives import (
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.handles import appended_by_rank0_only, one_literal_path
 from gpu_training.diagnostics.lint.log_files import truncated_log_file
+from gpu_training.diagnostics.lint.loop_items import loop_sources
 from gpu_training.diagnostics.lint.lr_assignments import rank_dependent_assignments
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
@@ -480,13 +481,17 @@ def rank_in_value(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int =
     some caller in the file passes one (``log_suffix = "-rank%03i" % rank`` two calls up)."""
     if facts.mentions_rank(expr):
         return True
-    if depth > 4:
+    if depth > 6:  # a path, its parts, a loop item, a parameter, the caller's value
         return False
     for node in ast.walk(expr):
         if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
             continue
         values = facts.lookup_all(node.id, scope)
         if any(v is not None and rank_in_value(facts, v, scope, depth + 1) for v in values):
+            return True
+        if None in values and any(  # `for idx in my_indices`: one of this rank's items
+            rank_in_value(facts, s, scope, depth + 1) for s in loop_sources(facts, node.id, scope)
+        ):
             return True
         func = scope.node
         is_param = None in values and isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
