@@ -9,12 +9,14 @@ and Accelerate's bf16 modes); the pitfall is converting the module itself (``mod
 torch.bfloat16)``, ``model.bfloat16()``, ``from_pretrained(..., torch_dtype=torch.bfloat16)``,
 ``torch.set_default_dtype(torch.bfloat16)``) and handing its parameters to ``torch.optim``.
 
-What counts: the module named by the conversion and the first argument of ``Adam``/``AdamW``
+What counts: the module named by the conversion (the dtype written out or held in a name,
+``dtype = torch.bfloat16`` ... ``torch_dtype=dtype``) and the first argument of ``Adam``/``AdamW``
 (``model.parameters()``, a list of groups built from it) in the same function, or anywhere in
 the file for ``set_default_dtype``. Not flagged: an optimizer of another package (bitsandbytes,
 ``AnyPrecisionAdamW`` with Kahan summation), a file handing the model to DeepSpeed (fp32 master
 weights of its own) or Accelerate's FSDP or DeepSpeed plugin (FSDP upcasts the sharded
-parameters to fp32 under mixed precision), a conversion back (``.float()``, ``.to(torch.float32)``) of the module.
+parameters to fp32 under mixed precision; a script that reads its Accelerator's
+``deepspeed_plugin`` or builds ``DummyOptim`` is run under DeepSpeed), a conversion back (``.float()``, ``.to(torch.float32)``) of the module.
 
 Example:
     >>> import ast
@@ -38,10 +40,13 @@ __all__ = ["bf16_adam", "conversion", "scalers_with_bf16"]
 _ADAM = frozenset({"Adam", "AdamW"})
 _FP32 = frozenset({"float32", "float"})
 _UPCASTING_PLUGINS = frozenset({"FullyShardedDataParallelPlugin", "DeepSpeedPlugin"})
+_DEEPSPEED_MARKS = frozenset({"deepspeed_plugin", "DEEPSPEED"})
+_DUMMIES = frozenset({"DummyOptim", "DummyScheduler"})
 
 
-def _dtype(expr: ast.expr | None, facts: ModuleFacts) -> str | None:
-    """``"bfloat16"`` for ``torch.bfloat16`` (or ``"bf16"``), ``"float32"``…; None: unknown."""
+def _dtype(expr: ast.expr | None, facts: ModuleFacts, depth: int = 0) -> str | None:
+    """``"bfloat16"`` for ``torch.bfloat16`` (or ``"bf16"``), ``"float32"``…, through a name
+    bound to one of them (every binding of the name agrees); None: unknown."""
     if expr is None:
         return None
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
@@ -49,6 +54,11 @@ def _dtype(expr: ast.expr | None, facts: ModuleFacts) -> str | None:
     name = facts.imports.resolve(dotted(expr)) or ""
     if name.startswith("torch."):
         return name.rsplit(".", 1)[-1]
+    if isinstance(expr, ast.Name) and depth < 2:  # `dtype = torch.bfloat16` ... `torch_dtype=dtype`
+        values = facts.lookup_all(expr.id, facts.scope_containing(expr))  # every branch's
+        kinds = {_dtype(v, facts, depth + 1) for v in values}
+        if len(kinds) == 1 and values and all(v is not None for v in values):
+            return kinds.pop()
     return None
 
 
@@ -103,6 +113,19 @@ def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0)
     return found
 
 
+def _runs_under_deepspeed(facts: ModuleFacts) -> bool:
+    """The file is written to run under Accelerate's DeepSpeed backend, chosen by the launch
+    config: it reads ``accelerator.state.deepspeed_plugin``, compares the distributed type
+    with ``DistributedType.DEEPSPEED``, or builds ``DummyOptim``/``DummyScheduler`` (which
+    stand in for the optimizer of a DeepSpeed config)."""
+    for node in facts.nodes:
+        if isinstance(node, ast.Attribute) and node.attr in _DEEPSPEED_MARKS:
+            return True
+        if isinstance(node, ast.Call) and tail(call_name(node, facts.imports)) in _DUMMIES:
+            return True
+    return False
+
+
 def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
     """``GT019``: the ``torch.optim.Adam``/``AdamW`` constructions over bf16 parameters.
 
@@ -114,8 +137,10 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
     """
     calls = facts.calls
     names = {call_name(c, facts.imports) for c in calls}
-    if any(n.startswith("deepspeed.") for n in names) or any(
-        tail(n) in _UPCASTING_PLUGINS for n in names
+    if (
+        any(n.startswith("deepspeed.") for n in names)
+        or any(tail(n) in _UPCASTING_PLUGINS for n in names)
+        or _runs_under_deepspeed(facts)
     ):
         # DeepSpeed keeps fp32 master weights of its own; Accelerate's FSDP upcasts the
         # low-precision parameters it shards to fp32 when mixed precision is on
