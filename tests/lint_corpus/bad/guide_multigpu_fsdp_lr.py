@@ -47,7 +47,7 @@ def train_fsdp():
         auto_wrap_policy=auto_wrap_policy,
         mixed_precision=mixed_precision,
         sharding_strategy=ShardingStrategy.FULL_SHARD,
-        device_id=rank,
+        device_id=rank,  # expect: GT018
     )
     
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # expect: GT010, GT019

@@ -352,7 +352,7 @@ _RULE_LIST = [
         until the second node, where rank 4 of a 4-GPU node asks for cuda:4 (invalid device
         ordinal) - or, taken modulo, silently shares a GPU.""",
         """torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) and use that index for
-        .to()/device_ids (gpu_training.ddp.resolve_device(ctx) does it).""",
+        .to()/device_ids/FSDP(device_id=) (gpu_training.ddp.resolve_device(ctx) does it).""",
         ("tutorial", "Launching with torchrun"),
         ("dist", "The process group mental model"),
     ),

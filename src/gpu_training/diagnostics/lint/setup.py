@@ -63,6 +63,7 @@ _OPTIMIZERS = frozenset(("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta
 _OPTIMIZERS |= {"NAdam", "RAdam", "SparseAdam", "LBFGS", "Lion", "Adafactor"}
 EVAL_NAME = re.compile(r"val|eval|test|dev", re.I)
 """A name that says validation, evaluation or test data (a loader no training step reads)."""
+_DEVICE_ID_TAKERS = frozenset({"FullyShardedDataParallel", "FSDP"})  # their device_id= is a GPU
 _CUDA_INDEX = re.compile(r"^cuda:\d+$")
 _GLOBAL_RANK_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
 
@@ -390,6 +391,8 @@ class SetupRules:
                 indices += ids.elts
             output = keyword_arg(call, "output_device")
             indices += [output] if output is not None else []
+        elif last in _DEVICE_ID_TAKERS and keyword_arg(call, "device_id") is not None:
+            indices.append(keyword_arg(call, "device_id"))  # type: ignore[arg-type]
         for branch in [i for i in indices if isinstance(i, ast.IfExp)]:
             indices += [branch.body, branch.orelse]  # `"cpu" if low_memory else rank`
         for index in [v for i in indices for v in fstring_values(i)]:  # f"{device}:{rank}"
