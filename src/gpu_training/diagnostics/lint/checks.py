@@ -49,7 +49,6 @@ from gpu_training.diagnostics.lint.context import (
     RawFinding,
     ends_program,
     entry_context,
-    names_node,
     none_tested,
     terminates,
 )
@@ -75,6 +74,7 @@ from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.node_writes import node_local_write
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
@@ -542,7 +542,7 @@ class FileChecker:
             hints = {"accelerate": "; accelerator.save() writes once", "fabric": "; fabric.save()"}
             hint = hints.get(self.framework or "", "")
             self.add(call, "GT007", f"{written} runs on every rank: no rank-0 guard{hint}")
-        elif written is not None and ctx.local_only and not names_node(call, self.facts):
+        elif written is not None and node_local_write(call, ctx, scope, self.facts):
             self.add(call, "GT017", f"{written} under {ctx.guard}: local rank 0 of every node")
         if ctx.rank0 or ctx.one_rank or ctx.in_except or ctx.per_rank_block or ctx.exits:
             return

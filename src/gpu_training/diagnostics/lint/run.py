@@ -22,6 +22,7 @@ from gpu_training.diagnostics.lint.checks import BASE_INHERITED, FileChecker
 from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
+from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.unimportable import failing_import_line
 
@@ -101,10 +102,11 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
             results[path] = checker.report()
         except RecursionError:
             results[path] = "nested too deeply to analyse"
-    for path, extra in call_site_writes(checkers, results).items():
-        found = results[path]
-        if not isinstance(found, str):
-            results[path] = sorted({*found, *extra})
+    for sites in (call_site_writes(checkers, results), call_site_node_writes(checkers, results)):
+        for path, extra in sites.items():
+            found = results[path]
+            if not isinstance(found, str):
+                results[path] = sorted({*found, *extra})
     for path, found in results.items():  # nothing after an import that fails ever runs
         dead = failing_import_line(project, project.linted[path])
         if dead is not None and not isinstance(found, str):

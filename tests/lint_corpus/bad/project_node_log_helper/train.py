@@ -5,7 +5,7 @@ from logsetup import start_log
 accelerator = Accelerator()
 out = "runs/latest/"
 if accelerator.is_local_main_process:
-    log = start_log(out)
+    log = start_log(out)  # expect: GT017
 
 model = torch.nn.Linear(4, 4)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3 * accelerator.num_processes)

@@ -21,7 +21,7 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
     if local_rank == 0:
-        state.save("ckpt")
+        state.save("ckpt")  # expect: GT017
     dist.destroy_process_group()
 
 
