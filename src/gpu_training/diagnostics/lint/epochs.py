@@ -181,8 +181,36 @@ def loops_without_set_epoch(
         return list(dict.fromkeys(epoch_loops))
     if imported and not tails & {"set_epoch", "train_one_epoch"}:
         # the sampler is another file's: only loops that train here can be reading it
-        return [loop for loop in dict.fromkeys(epoch_loops) if _loop_trains(facts, loop)]
+        kept = [
+            loop
+            for loop in dict.fromkeys(epoch_loops)
+            if _loop_trains(facts, loop) or _passes_over_project_loader(facts, loop)
+        ]
+        inner = {id(n) for loop in kept for n in ast.walk(loop) if n is not loop}
+        return [loop for loop in kept if id(loop) not in inner]  # the batch loop inside: one
     return []
+
+
+def _passes_over_project_loader(facts: ModuleFacts, loop: ast.stmt) -> bool:
+    """An epoch loop (not itself a pass over a loader) whose body iterates a loader built
+    here by a function of the project that makes a shuffling distributed sampler
+    (``train_loader = data.create_dataloader(...)``; ``for batch in train_loader:``): the
+    loop reads that sampler whatever the step it runs (a model object's method)."""
+    scope = facts.scope_containing(loop)
+    if isinstance(loop, (ast.For, ast.AsyncFor)) and iterates_loader(loop.iter, scope, facts):
+        return False
+    for inner in iter_scope_nodes(getattr(loop, "body", [])):
+        if not isinstance(inner, (ast.For, ast.AsyncFor)):
+            continue
+        source = _loop_source(inner.iter)
+        if not isinstance(source, ast.Name) or EVAL_NAME.search(source.id):
+            continue
+        if any(
+            isinstance(value, ast.Call) and any(s.shuffles_sampler for s in facts.summaries(value))
+            for value in facts.lookup_all(source.id, scope)
+        ):
+            return True
+    return False
 
 
 def _loop_trains(facts: ModuleFacts, loop: ast.stmt) -> bool:

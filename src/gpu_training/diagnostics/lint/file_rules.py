@@ -33,6 +33,7 @@ from gpu_training.diagnostics.lint.local_branches import locally_decided_collect
 from gpu_training.diagnostics.lint.model import call_name
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.ranks import unpaired_collectives
+from gpu_training.diagnostics.lint.reiterated_loaders import reiterated_loaders
 from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
 from gpu_training.diagnostics.lint.trainer_precision import bf16_trainers
@@ -85,6 +86,8 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(loop, "GT005", "the sampler shuffles and set_epoch() is never called")
     for call in constant_epochs(facts) if checker.distributed else []:
         checker.add(call, "GT005", "set_epoch() gets the same value every epoch")
+    for call in reiterated_loaders(facts) if checker.distributed else []:
+        checker.add(call, "GT005", "the loader is re-iterated and set_epoch() never advances")
     for loop in reseeded_on_one_path(facts):
         checker.add(loop, "GT005", "set_epoch() only on one of the sampler's paths")
     for index, _, evidence in global_visible_devices(facts) if checker.distributed else []:
