@@ -7,73 +7,82 @@ removes that prefix before ``load_state_dict`` (``{k.replace("module.", ""): v .
 "module.")``), the checkpoints it writes are read back by its inference and resume paths:
 the failure the rule describes does not happen in that project, so its saves are not
 reported. A prefix stripped in a function (or module body) that never calls
-``load_state_dict`` does not count, nor a loader in an unrelated directory (another project
-linted in the same run): the loader's directory must hold the saving file's, or lie under it.
+``load_state_dict`` does not count, nor a loader the saving file does not reach: the saving
+file must be the loader's or import it (through at most three modules), so that the code path
+writing the checkpoint is the one that reads it back; a stand-alone deploy script that strips
+the prefix speaks for itself only.
 
 Example:
     >>> import ast
     >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> src = ("sd = torch.load(path)\\n"
     ...        "net.load_state_dict({k.replace('module.', ''): v for k, v in sd.items()})\\n")
-    >>> loaders = prefix_loaders([ModuleFacts(ast.parse(src), "proj/infer.py")])
-    >>> reads_back("proj/tools/train.py", loaders), reads_back("other/train.py", loaders)
-    (True, False)
+    >>> [f.path for f in prefix_loaders([ModuleFacts(ast.parse(src), "infer.py")])]
+    ['infer.py']
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.calls import tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
 
-__all__ = ["prefix_loaders", "reads_back"]
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint.project import Project
+
+__all__ = ["prefix_loaders", "reading_back"]
 
 _STRIPPERS = frozenset(
     {"replace", "removeprefix", "sub", "consume_prefix_in_state_dict_if_present"}
 )
 _PREFIX_LEN = len("module.")
+_MAX_IMPORT_HOPS = 3
 
 
-def prefix_loaders(modules: Iterable[ModuleFacts]) -> list[Path]:
-    """The directories of the project's modules with a loader that removes ``module.`` from
-    the keys it loads (a function, or module body, that calls ``load_state_dict`` and strips
-    the prefix).
+def prefix_loaders(modules: Iterable[ModuleFacts]) -> list[ModuleFacts]:
+    """The project's modules with a loader that removes ``module.`` from the keys it loads
+    (a function, or module body, that calls ``load_state_dict`` and strips the prefix).
 
     Args:
         modules: The project's linted modules.
 
     Returns:
-        Each such module's directory, resolved.
+        Those modules.
     """
-    found: list[Path] = []
+    found: list[ModuleFacts] = []
     for facts in modules:
         for nodes in facts.scope_nodes.values():
             calls = [n for n in nodes if isinstance(n, ast.Call)]
             if not any(tail(call_name(c, facts.imports)) == "load_state_dict" for c in calls):
                 continue
             if any(_strips(node, facts) for node in nodes):
-                found.append(Path(facts.path).resolve().parent)
+                found.append(facts)
                 break
     return found
 
 
-def reads_back(path: str, loaders: list[Path]) -> bool:
-    """Whether a saving file's checkpoints are read by one of those loaders: one in its own
-    directory, below it (``models/build.py`` beside ``train.py``) or above it (the
-    repository's ``infer.py`` for ``tools/train.py``).
+def reading_back(loaders: list[ModuleFacts], project: Project) -> set[str]:
+    """The files whose checkpoints those loaders read: each loader's own file and the files
+    that import it, directly or through the project's packages (``train.py`` imports
+    ``models/__init__.py``, which imports ``models/build.py``): the saving code path is wired
+    to the stripping loader.
 
     Args:
-        path: The saving file.
         loaders: :func:`prefix_loaders`.
+        project: The project.
 
     Returns:
-        True when a loader's directory holds the file's or lies under it.
+        Their paths.
     """
-    here = Path(path).resolve().parent
-    return any(d == here or here in d.parents or d in here.parents for d in loaders)
+    seen = {id(f): f for f in loaders}
+    todo = list(loaders)
+    for _ in range(_MAX_IMPORT_HOPS):
+        todo = [i for f in todo for i in project.importers_of(f) if id(i) not in seen]
+        seen.update({id(f): f for f in todo})
+    return {f.path for f in seen.values()}
 
 
 def _strips(node: ast.AST, facts: ModuleFacts) -> bool:

@@ -23,7 +23,7 @@ from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
-from gpu_training.diagnostics.lint.prefix_loaders import prefix_loaders, reads_back
+from gpu_training.diagnostics.lint.prefix_loaders import prefix_loaders, reading_back
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.unimportable import failing_import_line
 
@@ -103,9 +103,9 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
             results[path] = checker.report()
         except RecursionError:
             results[path] = "nested too deeply to analyse"
-    loaders = prefix_loaders(project.linted.values())  # they read `module.` keys back
-    for path, found in list(results.items()):
-        if loaders and not isinstance(found, str) and reads_back(path, loaders):
+    read_back = reading_back(prefix_loaders(project.linted.values()), project)
+    for path, found in list(results.items()):  # their loaders read the `module.` keys back
+        if path in read_back and not isinstance(found, str):
             results[path] = [f for f in found if f.code != "GT006" or "pickled" in f.detail]
     for sites in (call_site_writes(checkers, results), call_site_node_writes(checkers, results)):
         for path, extra in sites.items():

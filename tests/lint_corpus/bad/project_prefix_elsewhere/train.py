@@ -1,6 +1,7 @@
 # The wrapper's `module.` keys are saved, and the project's loader strips another prefix
 # (torch.compile's `_orig_mod.`), while the only `module.` removal renames keys for a log
-# table and loads nothing: the checkpoint still fails to load into a plain model.
+# table and loads nothing, and deploy.py (not imported here) strips it for itself only: the
+# checkpoint still fails to load into a plain model on this script's paths.
 import os
 
 import torch
