@@ -28,17 +28,20 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.calls import node_start
-from gpu_training.diagnostics.lint.checks import FileChecker
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 
-__all__ = ["call_site_writes"]
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint.checks import FileChecker
+
+__all__ = ["call_site_writes", "innermost_function", "written_functions"]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 
 
-def _innermost(tree: ast.AST, line: int) -> _Func | None:
+def innermost_function(tree: ast.AST, line: int) -> _Func | None:
     """The innermost function whose lines hold ``line``."""
     found: _Func | None = None
     for node in ast.walk(tree):
@@ -47,6 +50,34 @@ def _innermost(tree: ast.AST, line: int) -> _Func | None:
             if node.lineno <= line <= end and (found is None or node.lineno >= found.lineno):
                 found = node
     return found
+
+
+def written_functions(
+    checkers: Mapping[str, FileChecker], results: Mapping[str, list[RawFinding] | str], code: str
+) -> dict[int, tuple[str, int, str]]:
+    """The functions holding a finding of one rule, each with where its first one is.
+
+    Args:
+        checkers: Each linted file's checker, after its report.
+        results: Each file's findings (or the reason it could not be analysed).
+        code: The rule (``"GT007"``, ``"GT017"``).
+
+    Returns:
+        ``id(function)`` → (its file's name, the finding's line, the detail's first word).
+    """
+    writes: dict[int, tuple[str, int, str]] = {}
+    for path, found in results.items():
+        checker = checkers.get(path)
+        if isinstance(found, str) or checker is None:
+            continue
+        for finding in found:
+            if finding.code != code:
+                continue
+            func = innermost_function(checker.tree, finding.line)
+            if func is not None and id(func) not in writes:
+                what = finding.detail.split(" ", 1)[0]
+                writes[id(func)] = (Path(path).name, finding.line, what)
+    return writes
 
 
 def _unrestricted(ctx: Ctx) -> bool:
@@ -67,18 +98,7 @@ def call_site_writes(
         Path → the findings to add there (calls of another file's writing function, made
         on every rank of a distributed script outside any rank test).
     """
-    writes: dict[int, tuple[str, int, str]] = {}  # id(function) -> (file, line, what)
-    for path, found in results.items():
-        checker = checkers.get(path)
-        if isinstance(found, str) or checker is None:
-            continue
-        for finding in found:
-            if finding.code != "GT007":
-                continue
-            func = _innermost(checker.tree, finding.line)
-            if func is not None and id(func) not in writes:
-                what = finding.detail.split(" ", 1)[0]
-                writes[id(func)] = (Path(path).name, finding.line, what)
+    writes = written_functions(checkers, results, "GT007")
     added: dict[str, list[RawFinding]] = {}
     for path, checker in checkers.items():
         if not checker.distributed or isinstance(results.get(path), str):

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.calls import node_start
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding, names_node
+from gpu_training.diagnostics.lint.helper_writes import written_functions
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
 
@@ -72,16 +72,6 @@ def _outermost(scope: Scope) -> Scope:
     return scope
 
 
-def _innermost(tree: ast.AST, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    found: ast.FunctionDef | ast.AsyncFunctionDef | None = None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            end = node.end_lineno or node.lineno
-            if node.lineno <= line <= end and (found is None or node.lineno >= found.lineno):
-                found = node
-    return found
-
-
 def call_site_node_writes(
     checkers: Mapping[str, FileChecker], results: Mapping[str, list[RawFinding] | str]
 ) -> dict[str, list[RawFinding]]:
@@ -95,15 +85,7 @@ def call_site_node_writes(
         Path → the findings to add there: calls of another file's function whose write is
         reported ``GT017``, made under a node-local guard (``if local_rank == 0:``).
     """
-    writes: dict[int, tuple[str, int]] = {}  # id(function) -> (file, line)
-    for path, found in results.items():
-        checker = checkers.get(path)
-        if isinstance(found, str) or checker is None:
-            continue
-        for finding in found:
-            func = _innermost(checker.tree, finding.line) if finding.code == "GT017" else None
-            if func is not None and id(func) not in writes:
-                writes[id(func)] = (Path(path).name, finding.line)
+    writes = written_functions(checkers, results, "GT017")
     added: dict[str, list[RawFinding]] = {}
     for path, checker in checkers.items():
         if isinstance(results.get(path), str):
