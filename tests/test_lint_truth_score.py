@@ -172,3 +172,22 @@ def test_an_extra_row_at_the_very_line_wins_over_a_truth_row_nearby(scorer):
     assert scorer.score(truth, findings, [read_here]).overall.true == 1
     assert scorer.score(truth, findings, [read_near]).overall.false == 1  # the truth row wins
     assert scorer.score(truth, findings).overall.false == 1
+
+
+def test_pool_sums_the_sets_per_rule_and_refuses_what_is_not_a_result(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("lint_pool", ROOT / "benchmarks" / "lint_pool.py")
+    pool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pool)
+    a, b, bad = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "bad.json"
+    counts = {"findings": 4, "true": 1, "false": 3, "found": 1, "missed": 3}
+    a.write_text(json.dumps({"per_rule": {"GT007": counts, "GT015": counts}}))
+    b.write_text(json.dumps({"per_rule": {"GT007": {**counts, "true": 4, "false": 0}}}))
+    bad.write_text(json.dumps({"overall": {}}))
+    assert pool.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    # GT007: 8 findings, 5 true; instances 2 found, 6 missed; GT015 stays apart
+    assert "findings 8, true 5, false 3, instances found 2, missed 6, precision 62.5%" in out
+    assert "recall 25.0%" in out and "GT015: findings 4, true 1" in out
+    assert pool.main([str(a), str(bad)]) == 2
+    assert "no per_rule" in capsys.readouterr().err
+    assert pool.main([str(tmp_path / "absent.json")]) == 2
