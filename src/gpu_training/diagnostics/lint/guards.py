@@ -35,6 +35,11 @@ import re
 from collections.abc import Iterator
 
 from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
+from gpu_training.diagnostics.lint.fallbacks import (
+    SINGLE_PROCESS_ATTRS,
+    fallback_kind,
+    means_group,
+)
 from gpu_training.diagnostics.lint.group_rank import group_rank_keys, spawn_index_keys
 from gpu_training.diagnostics.lint.locality import (
     FLAG_NAMES,
@@ -76,19 +81,7 @@ GUARD_RANK_DEP = "rank_dep"
 _SINGLE = SINGLE  # true on every rank or on none: `not dist.is_initialized()`, `rank == -1`
 _MULTI = MULTI  # true in every process of a group, its negation _SINGLE: `world_size > 1`
 
-_SINGLE_PROCESS_ATTRS = frozenset({"is_initialized", "is_distributed", "is_available"})
 _RANK_VALUE = re.compile(r"(^|_)rank$")
-
-
-_LAUNCH_MODE = re.compile(r"multiprocessing|spawn|(^|_)mp(_|$)|launcher|slurm")
-
-
-def _means_group(flag: str) -> bool:
-    """A flag that says a process group exists (``args.distributed``, ``is_distributed``), not
-    one that says how the processes were started (``multiprocessing_distributed``: spawned
-    by the script; without it a run can still be distributed, launched per node)."""
-    lowered = flag.lower()
-    return "distributed" in lowered and not _LAUNCH_MODE.search(lowered)
 
 
 def _tail(name: str | None) -> str:
@@ -160,7 +153,7 @@ def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: 
             return switch_test(facts, test)  # the `else:` of an `if`/`elif` chain on a switch
         callee = test.operand.func if isinstance(test.operand, ast.Call) else test.operand
         last = _tail(dotted(callee))
-        if inner is None and (last in _SINGLE_PROCESS_ATTRS or _means_group(last)):
+        if inner is None and (last in SINGLE_PROCESS_ATTRS or means_group(last)):
             return _SINGLE  # `not dist.is_initialized()`, `not args.distributed`: no group
         return inner if inner == GUARD_RANK_DEP else None
     if isinstance(test, ast.BoolOp):
@@ -185,7 +178,12 @@ def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: 
         return _classify_compare(facts, test, scope, depth)
     if isinstance(test, ast.IfExp):  # `is_local(a) if local else is_global(a)`: both rank 0
         body = _classify(facts, test.body, scope, depth + 1)
-        return body if body == _classify(facts, test.orelse, scope, depth + 1) else None
+        orelse = _classify(facts, test.orelse, scope, depth + 1)
+        if body != orelse:  # `rank == 0 if ddp else True`: see fallbacks
+            chooser = _classify(facts, test.test, scope, depth + 1)
+            rank0 = fallback_kind(facts, test, scope, (body, orelse), chooser, GUARD_RANK0)
+            body = GUARD_RANK0 if rank0 else None
+        return body
     if isinstance(test, ast.Call):
         return _classify_call(facts, test)
     if isinstance(test, (ast.Name, ast.Attribute)):
