@@ -278,7 +278,7 @@ class FileChecker:
         sites = self.call_sites.get(func, []) + [
             c for c, _ in self.external_sites.get(id(func), [])
         ]
-        return Ctx() if func.name.startswith("__") else entry_context(sites)
+        return entry_context(sites, func.name)
 
     def add(self, node: ast.AST, code: str, detail: str = "") -> None:
         if self.emit:

@@ -73,17 +73,22 @@ class Ctx:
     disjunctions: tuple[ast.BoolOp, ...] = ()
 
 
-def entry_context(sites: list[Ctx]) -> Ctx:
+def entry_context(sites: list[Ctx], name: str = "") -> Ctx:
     """The context a function's body starts in, from its call sites' contexts (none: the
     default). Rank 0 only when every site is; one process only when every site is one (a
     helper the DDP path also calls runs on every rank).
+
+    ``name`` is the function's: a special method runs where Python calls it (a model's
+    ``__call__``, a dataset's ``__getitem__``), not at call sites of its name, so it starts
+    in the default context; except ``__init__``, whose sites are the calls of its class
+    (``CSVLogger(...)`` made under ``if is_main_process():`` runs its ``__init__`` on rank 0).
 
     Example:
         >>> one = Ctx(rank0=True, guard=ONE_PROCESS)
         >>> entry_context([one, Ctx()]).guard, entry_context([one]).guard
         ('', 'one process')
     """
-    if not sites:
+    if not sites or (name.startswith("__") and name != "__init__"):
         return Ctx()
     rank0 = all(s.rank0 for s in sites)
     if all(s.guard == ONE_PROCESS for s in sites):
