@@ -161,7 +161,7 @@ class FileChecker:
         self.has_wrapper, self.ddp_wrapper = wrapper_kinds(
             self.tails, self.framework, self.all_calls, facts
         )
-        self.own_wrapper = self.ddp_wrapper  # not inherited from an importer
+        self.own_wrapper, self.alone = self.ddp_wrapper, not self.distributed  # not inherited
         self.data_parallel = self.has_wrapper or bool(
             self.tails & {"DistributedSampler", "make_distributed_sampler"}
         )
@@ -275,10 +275,8 @@ class FileChecker:
         if decorator is not None:  # `@rank_zero_only def dump(...)`: the body runs on rank 0
             local = "local" in decorator.lower()
             return Ctx(rank0=True, local_only=local, guard=f"@{decorator} (line {func.lineno})")
-        sites = self.call_sites.get(func, []) + [
-            c for c, _ in self.external_sites.get(id(func), [])
-        ]
-        return entry_context(sites, func.name)
+        external = [c for c, _ in self.external_sites.get(id(func), [])]
+        return entry_context(self.call_sites.get(func, []) + external, func.name)
 
     def add(self, node: ast.AST, code: str, detail: str = "") -> None:
         if self.emit:
@@ -417,7 +415,7 @@ class FileChecker:
         if kind is None:
             single = replace(optional, rank0=True, local_only=False, guard="one process")
             negated = self._negations.setdefault(stmt, ast.UnaryOp(op=ast.Not(), operand=stmt.test))
-            side = one_process_side(self.facts, stmt, scope)  # `.to(local_rank)` / `.to("cuda:0")`
+            side = one_process_side(self.facts, stmt, scope, self.alone)  # `.to("cuda:0")`
             lone_body = side == "body" or single_process(self.facts, stmt.test, scope)
             lone_else = not lone_body and (
                 side == "else" or single_process(self.facts, negated, scope)

@@ -29,16 +29,25 @@ __all__ = ["one_process_side"]
 _MOVES = ("to", "cuda")
 
 
-def one_process_side(facts: ModuleFacts, stmt: ast.If, scope: Scope) -> str | None:
+def one_process_side(
+    facts: ModuleFacts, stmt: ast.If, scope: Scope, alone: bool = False
+) -> str | None:
     """``"else"`` or ``"body"``: the branch of ``stmt`` that moves something to a fixed device
     (``"cuda:0"``, ``"cuda"``) while the other moves the same thing to a rank's device; None
-    when the branches do not pair up so.
+    when the branches do not pair up so. Also ``"body"`` for the ``if __name__ ==
+    "__main__":`` block of a module whose own code starts no group, no launcher and no
+    framework (``alone``): run by itself it is one process, though the distributed scripts
+    that import it make its functions run on every rank (an evaluation module's own test
+    run of the helpers that the trainer calls on rank 0 only).
 
     Args:
         facts: The module's facts.
         stmt: The ``if`` statement.
         scope: The scope it is in.
+        alone: Whether the module's own code sets up nothing distributed.
     """
+    if alone and scope.node is facts.tree and _main_block(stmt):
+        return "body"
     body, orelse = _moves(stmt.body), _moves(stmt.orelse)
     for target in body.keys() & orelse.keys():
         if rank_derived(facts, body[target], scope) and _fixed(orelse[target]):
@@ -46,6 +55,18 @@ def one_process_side(facts: ModuleFacts, stmt: ast.If, scope: Scope) -> str | No
         if rank_derived(facts, orelse[target], scope) and _fixed(body[target]):
             return "body"
     return None
+
+
+def _main_block(stmt: ast.If) -> bool:
+    """``if __name__ == "__main__":`` (either side)."""
+    test = stmt.test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and len(test.comparators) == 1):
+        return False
+    sides = {ast.unparse(test.left), ast.unparse(test.comparators[0])}
+    return isinstance(test.ops[0], ast.Eq) and sides in (
+        {"__name__", "'__main__'"},
+        {"__name__", '"__main__"'},
+    )
 
 
 def _moves(stmts: list[ast.stmt]) -> dict[str, ast.expr]:
