@@ -41,6 +41,7 @@ import ast
 from dataclasses import replace
 
 from gpu_training.diagnostics.lint.all_but_one import all_but_one
+from gpu_training.diagnostics.lint.bypassed_wrappers import bypasses_wrapper
 from gpu_training.diagnostics.lint.caller_branches import branch_contexts, live_branches, note_site
 from gpu_training.diagnostics.lint.calls import node_start, tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS
@@ -524,7 +525,7 @@ class FileChecker:
         if self.ddp_wrapper and not ctx.no_sync and ctx.guard != "one process":  # no all-reduce
             if not (self.own_wrapper or named_anywhere(self.facts, scope.node)):
                 pass  # a helper nobody calls: no importer's model reaches it
-            elif ctx.loops:
+            elif ctx.loops and not bypasses_wrapper(self.facts, call, scope):  # no all-reduce
                 self._accumulation(call, ctx, scope, method)
             elif method == "backward" and isinstance(scope.node, _Func):
                 self._step_accumulation(call, scope)
