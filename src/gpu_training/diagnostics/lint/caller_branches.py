@@ -40,6 +40,7 @@ from typing import Protocol
 from gpu_training.diagnostics.lint.collectives import UNDECIDED, bound_constants, literal
 from gpu_training.diagnostics.lint.context import Ctx, entry_context
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
+from gpu_training.diagnostics.lint.never_called import never_runs
 
 __all__ = ["branch_contexts", "live_branches", "note_site"]
 
@@ -54,7 +55,11 @@ class _Walker(Protocol):
 
 def note_site(walker: _Walker, func: _Func, call: ast.Call, ctx: Ctx) -> None:
     """Record a call of a function of the same file: its context (for the function's entry
-    context) and the call itself (for :func:`branch_contexts`)."""
+    context) and the call itself (for :func:`branch_contexts`). A call in a function that
+    nothing calls (:func:`~gpu_training.diagnostics.lint.never_called.never_runs`) is marked
+    ``dead``: it counts only for a function no live code calls."""
+    if never_runs(walker.facts, walker.facts.scope_containing(call).node):
+        ctx = replace(ctx, dead=True)
     walker.call_sites.setdefault(func, []).append(ctx)
     sites = walker.facts.memo.setdefault(("call-sites", id(func)), {})
     assert isinstance(sites, dict)

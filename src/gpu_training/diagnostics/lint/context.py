@@ -71,6 +71,7 @@ class Ctx:
     # the `A or B` tests of enclosing ifs not read as rank guards: a nested `if not A:` (or
     # `if X:` under `if not X or B:`) leaves B to hold, maybe a rank-0 test
     disjunctions: tuple[ast.BoolOp, ...] = ()
+    dead: bool = False  # a call site inside a function nothing calls
 
 
 def entry_context(sites: list[Ctx], name: str = "") -> Ctx:
@@ -82,6 +83,7 @@ def entry_context(sites: list[Ctx], name: str = "") -> Ctx:
     ``__call__``, a dataset's ``__getitem__``), not at call sites of its name, so it starts
     in the default context; except ``__init__``, whose sites are the calls of its class
     (``CSVLogger(...)`` made under ``if is_main_process():`` runs its ``__init__`` on rank 0).
+    Sites inside functions nothing calls (``Ctx.dead``) count only when no other site exists.
 
     Example:
         >>> one = Ctx(rank0=True, guard=ONE_PROCESS)
@@ -90,6 +92,7 @@ def entry_context(sites: list[Ctx], name: str = "") -> Ctx:
     """
     if not sites or (name.startswith("__") and name != "__init__"):
         return Ctx()
+    sites = [s for s in sites if not s.dead] or sites  # the live callers, when there are any
     rank0 = all(s.rank0 for s in sites)
     if all(s.guard == ONE_PROCESS for s in sites):
         guard = ONE_PROCESS
