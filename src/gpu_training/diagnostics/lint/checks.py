@@ -42,6 +42,7 @@ from dataclasses import replace
 
 from gpu_training.diagnostics.lint.all_but_one import all_but_one
 from gpu_training.diagnostics.lint.bypassed_wrappers import bypasses_wrapper
+from gpu_training.diagnostics.lint.callbacks import referenced_functions
 from gpu_training.diagnostics.lint.caller_branches import branch_contexts, live_branches, note_site
 from gpu_training.diagnostics.lint.calls import node_start, tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS
@@ -196,9 +197,10 @@ class FileChecker:
         self.call_sites: dict[_Func, list[Ctx]] = {}
         self.external_sites: dict[int, list[tuple[Ctx, bool]]] = {}
         self.outgoing: list[tuple[FuncRef, Ctx, bool, ast.Call]] = []
+        self.callback_sites: list[tuple[FuncRef, Ctx, bool]] = []  # handed on, not called
         self.epoch_loops: list[ast.stmt] = []
         self.guarded_collectives: list[GuardedCollective] = []
-        self._expr_cache: dict[ast.AST, tuple[list[ast.Call], list[_Func]]] = {}
+        self._expr_cache: dict[ast.AST, tuple[list[ast.Call], list[FuncRef]]] = {}
         self._ifexp_cache: dict[ast.AST, list[ast.IfExp]] = {}
         self._negations: dict[ast.If, ast.UnaryOp] = {}  # kept: the guard cache keys by id
         self.entry: dict[_Func, Ctx] = {}
@@ -246,7 +248,7 @@ class FileChecker:
         }
         for _ in range(8):  # call-site contexts feed function entry contexts: to a fixpoint
             self.call_sites = {}
-            self.outgoing = []
+            self.outgoing, self.callback_sites = [], []
             self._walk(entry)
             updated = {f: self._entry_context(f) for f in entry}
             if updated == entry:
@@ -464,21 +466,20 @@ class FileChecker:
             subs = list(ast.walk(node))
             calls = [sub for sub in subs if isinstance(sub, ast.Call)]
             called = {id(c.func) for c in calls}
-            refs = [
-                func
-                for sub in subs
-                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
-                if id(sub) not in called
-                for func in self.facts.functions.get(sub.id, [])
-            ]
+            refs = referenced_functions(self.facts, subs, called)
             cached = self._expr_cache[node] = (calls, refs)
             self._ifexp_cache[node] = [sub for sub in subs if isinstance(sub, ast.IfExp)]
         calls, refs = cached
         overrides = self._conditional_calls(node, ctx, scope)
         for call in calls:
             self._call(call, overrides.get(id(call), ctx), scope)
-        for func in refs:  # `mp.Process(target=f)` under `if rank == 0:` runs on rank 0's side
-            self.call_sites.setdefault(func, []).append(replace(ctx, loops=(), no_sync=False))
+        every_rank = scope.node in self.ranks.every_rank_scopes and not ctx.launcher
+        for owner, func in refs:  # `mp.Process(target=f)` under `if rank == 0:`: rank 0's side
+            site = replace(ctx, loops=(), no_sync=False)
+            if owner is self.facts:
+                self.call_sites.setdefault(func, []).append(site)
+            else:  # a handler of another module: its registration is a site (callbacks.py)
+                self.callback_sites.append(((owner, func), site, every_rank))
 
     def _conditional_calls(self, node: ast.AST, ctx: Ctx, scope: Scope) -> dict[int, Ctx]:
         """``SummaryWriter() if rank == 0 else None``: the calls of each branch of a

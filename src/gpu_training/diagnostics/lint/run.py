@@ -83,7 +83,8 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
     for _ in range(2):  # call sites across files settle the callees' contexts
         incoming: dict[str, dict[int, list[tuple[Ctx, bool]]]] = {p: {} for p in checkers}
         for checker in checkers.values():
-            for (facts, func), ctx, every_rank, _ in checker.outgoing:
+            made = [(ref, ctx, every) for ref, ctx, every, _ in checker.outgoing]
+            for (facts, func), ctx, every_rank in made + checker.callback_sites:
                 if facts.path in incoming:
                     incoming[facts.path].setdefault(id(func), []).append((ctx, every_rank))
         for path, checker in checkers.items():

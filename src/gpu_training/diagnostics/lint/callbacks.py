@@ -1,0 +1,48 @@
+"""Functions named but not called in an expression: callbacks that run where they are handed.
+
+``signal.signal(SIGTERM, handler)``, ``functools.partial(on_term, out_dir=d)``,
+``atexit.register(flush)``, ``mp.Process(target=work)``: the function runs later in the
+process that registered it, so the registration's context is one of its call sites (a
+handler installed on every rank writes on every rank; one installed under ``if rank == 0:``
+on rank 0 only). A function of the same file or, through the project, of another module.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.model import ModuleFacts
+from gpu_training.diagnostics.lint.summary import FuncRef
+
+__all__ = ["referenced_functions"]
+
+
+def referenced_functions(
+    facts: ModuleFacts, subs: list[ast.AST], called: set[int]
+) -> list[FuncRef]:
+    """The project's functions an expression names without calling them.
+
+    Args:
+        facts: The module's facts (with its project, if any).
+        subs: Every node of the expression.
+        called: The ids of the expression's callee nodes (``f`` of ``f(x)``).
+
+    Returns:
+        ``(module facts, def)`` for each name read that is a function of this file or one
+        imported from another module of the project.
+    """
+    found: list[FuncRef] = []
+    for sub in subs:
+        if not isinstance(sub, ast.Name) or not isinstance(sub.ctx, ast.Load):
+            continue
+        if id(sub) in called:
+            continue
+        local = facts.functions.get(sub.id, [])
+        found += [(facts, func) for func in local]
+        if not local and sub.id in facts.imports.origins and facts.resolver is not None:
+            found += [
+                ref
+                for ref in facts.resolver.callees(facts, sub)
+                if isinstance(ref[1], (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+    return found
