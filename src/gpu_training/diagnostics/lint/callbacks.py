@@ -28,8 +28,9 @@ def referenced_functions(
         called: The ids of the expression's callee nodes (``f`` of ``f(x)``).
 
     Returns:
-        ``(module facts, def)`` for each name read that is a function of this file or one
-        imported from another module of the project.
+        ``(module facts, def)`` for each name read that is a function of this file or a
+        module-level function imported from another module of the project (a class named
+        in ``isinstance(x, Ema)`` hands on no ``__init__``).
     """
     found: list[FuncRef] = []
     for sub in subs:
@@ -43,6 +44,6 @@ def referenced_functions(
             found += [
                 ref
                 for ref in facts.resolver.callees(facts, sub)
-                if isinstance(ref[1], (ast.FunctionDef, ast.AsyncFunctionDef))
+                if ref[1] in ref[0].tree.body  # a function, not the class an import names
             ]
     return found
