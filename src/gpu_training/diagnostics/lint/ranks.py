@@ -101,13 +101,13 @@ class RankAnalysis:
     ) -> None:
         self.facts = facts
         self.seeds = seeds
+        self._switching: set[_Func] = set()
         self.collective_functions = self._collective_functions()
         self.group_creators: set[ast.AST] = set()
         self.every_rank_scopes: set[ast.AST] = set()
         if distributed:
             self.group_creators, self.every_rank_scopes = self._distributed_scopes()
         self._collectives_cache: dict[int, frozenset[str]] = {}
-        self._switching: set[_Func] = set()
 
     def collective(self, call: ast.Call, scope: Scope) -> str | None:
         """The collective a call runs, itself or through a function of this file.
@@ -122,6 +122,10 @@ class RankAnalysis:
             inner = self.collective_functions.get(func)
             if inner is not None and not self._switched_off(self.facts, func, call):
                 return f"{func.name}(), which calls {inner}"
+        return self._summary_collective(call)
+
+    def _summary_collective(self, call: ast.Call) -> str | None:
+        """The collective a function of another module runs (``self.checkpointer.save()``)."""
         for callee, func in self.facts.callees(call):
             summary = self.facts.resolver.summary((callee, func)) if self.facts.resolver else None
             if (
@@ -196,7 +200,8 @@ class RankAnalysis:
             nodes = self.facts.scope_nodes.get(func, [])
             calls[func] = [n for n in nodes if isinstance(n, ast.Call)]
             for call in calls[func]:
-                name = direct_collective(call, scope, self.facts)
+                # its own collective, or one of another module's function it calls
+                name = direct_collective(call, scope, self.facts) or self._summary_collective(call)
                 if name is not None:
                     found[func] = f"{name} (line {call.lineno})"
                     break
