@@ -4,8 +4,8 @@
 rank's replica at GPU 0: the model of rank 1 sits on its own device (or on GPU 0 with the
 others), and DDP either refuses the mismatch or runs every replica on one card. It is the
 literal ``"cuda:0"`` of the rule in the form DDP takes. Not reported: a file whose every
-process group has a literal rank (one process per machine, each copy edited by hand), and a
-file that narrows ``CUDA_VISIBLE_DEVICES`` per process to a computed value
+process group has a literal rank (one process per machine, each copy edited by hand), a file
+that makes one literal GPU visible (one process: :mod:`.single_gpu`), and a file that narrows ``CUDA_VISIBLE_DEVICES`` per process to a computed value
 (``os.environ["CUDA_VISIBLE_DEVICES"] = str(local_rank)``), where device 0 is the process's
 own GPU.
 
@@ -25,6 +25,7 @@ import ast
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.group_rank import literal_group_rank
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
+from gpu_training.diagnostics.lint.single_gpu import one_visible_gpu
 
 __all__ = ["fixed_ddp_devices"]
 
@@ -43,7 +44,7 @@ def fixed_ddp_devices(facts: ModuleFacts, calls: list[ast.Call]) -> list[tuple[a
         that, whose ``output_device`` is one); nothing when the file runs one process per
         machine or narrows ``CUDA_VISIBLE_DEVICES`` per process.
     """
-    if literal_group_rank(facts) or _narrows_visible_devices(facts):
+    if literal_group_rank(facts) or _narrows_visible_devices(facts) or one_visible_gpu(facts):
         return []
     found: list[tuple[ast.expr, str]] = []
     for call in calls:

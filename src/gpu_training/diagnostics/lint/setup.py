@@ -51,6 +51,7 @@ from gpu_training.diagnostics.lint.returned_state import (
     returned_and_saved,
     unpacked_from_local_call,
 )
+from gpu_training.diagnostics.lint.single_gpu import one_visible_gpu
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 from gpu_training.diagnostics.lint.unread import never_read
 
@@ -138,7 +139,8 @@ class SetupRules:
         if self.data_parallel:
             self._optimizer_lr(call, name, last, scope)
         if self.distributed and not one_process:  # a one-process path picks its own GPU
-            if not literal_group_rank(self.facts):  # one process per machine: its cuda:0
+            # one process per machine, or one visible GPU (one process): its cuda:0
+            if not (literal_group_rank(self.facts) or one_visible_gpu(self.facts)):
                 self._cuda_device(call, last, method)
             self._device_from_rank(call, name, last, method, scope)
 
