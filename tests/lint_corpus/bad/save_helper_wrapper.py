@@ -28,7 +28,7 @@ def main_worker(gpu, ngpus_per_node, args):
 
 def save_checkpoint(state, filename="checkpoint.pth.tar"):
     torch.save(state, filename)  # expect: GT017
-    shutil.copyfile(filename, "model_best.pth.tar")
+    shutil.copyfile(filename, "model_best.pth.tar")  # expect: GT017
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
-from gpu_training.diagnostics.lint.node_writes import node_local_write
+from gpu_training.diagnostics.lint.node_writes import node_local_write, several_processes
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
@@ -507,7 +507,7 @@ class FileChecker:
             return
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
         self.setup.check(call, scope, one_process=ctx.guard == "one process")
-        if every_rank:
+        if every_rank or several_processes(call, ctx, scope, self.facts):
             self._rank_rules(call, ctx, scope)
         if ctx.guarded_here:  # under a caller's guard only: reported at the call instead
             collective = self.ranks.collective(call, scope)
@@ -542,8 +542,8 @@ class FileChecker:
             hints = {"accelerate": "; accelerator.save() writes once", "fabric": "; fabric.save()"}
             hint = hints.get(self.framework or "", "")
             self.add(call, "GT007", f"{written} runs on every rank: no rank-0 guard{hint}")
-        elif written is not None and node_local_write(call, ctx, scope, self.facts):
-            self.add(call, "GT017", f"{written} under {ctx.guard}: local rank 0 of every node")
+        elif (node := node_local_write(call, ctx, scope, self.facts, written)) is not None:
+            self.add(call, "GT017", f"{node} under {ctx.guard}: local rank 0 of every node")
         if ctx.rank0 or ctx.one_rank or ctx.in_except or ctx.per_rank_block or ctx.exits:
             return
         logged = every_rank_log(call, scope, self.facts, self.log_level_guarded)

@@ -34,7 +34,7 @@ from gpu_training.diagnostics.lint.collectives import UNDECIDED, literal
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import multi_process_launches, repository_of
 
-__all__ = ["hf_every_process", "saves_on_each_node"]
+__all__ = ["hf_every_process", "saves_on_each_node", "written_for_a_launch"]
 
 _PACKAGES = ("transformers", "trl")
 _LAUNCH_KEYWORDS = ("local_rank", "deepspeed")
@@ -62,6 +62,16 @@ def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
         if (_launch_arguments(facts, c) or (from_env and _hf_arguments(facts, c)))
         and facts.scope_containing(c).node in trains
     }
+
+
+def written_for_a_launch(facts: ModuleFacts) -> bool:
+    """The file reads a variable only a launcher sets, or the repository's shell scripts start
+    it with a launcher of several processes: it runs once per GPU, whatever its code sets up."""
+    cached = facts.memo.get("written-for-a-launch")
+    if not isinstance(cached, bool):
+        cached = _reads_launcher_env(facts) or _launched_by_repository(facts)
+        facts.memo["written-for-a-launch"] = cached
+    return cached
 
 
 def _reads_launcher_env(facts: ModuleFacts) -> bool:

@@ -94,8 +94,8 @@ def guard_locality(facts: ModuleFacts, test: ast.AST, scope: Scope, depth: int =
         if isinstance(n, ast.Call) and _leaf_locality(facts, n, scope, depth) is not None
     }
     for node in ast.walk(test):
-        if id(node) in callees and isinstance(node, ast.Attribute):
-            continue  # `dist.get_rank` in `dist.get_rank(group=g)`: the call says which rank
+        if id(node) in callees and isinstance(node, (ast.Attribute, ast.Name)):
+            continue  # `dist.get_rank` in `dist.get_rank(group=g)`, `is_main(args.local_rank)`
         where = _leaf_locality(facts, node, scope, depth)
         if where == "global" and id(node) in modulo:
             where = "local"  # `rank % ngpus_per_node`: the index within the node
