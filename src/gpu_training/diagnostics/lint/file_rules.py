@@ -28,6 +28,7 @@ from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
 from gpu_training.diagnostics.lint.fixed_devices import fixed_ddp_devices
+from gpu_training.diagnostics.lint.handed_optimizers import handed_to_training
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.local_branches import locally_decided_collectives
 from gpu_training.diagnostics.lint.model import call_name
@@ -101,8 +102,8 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(arguments, "GT017", "save_on_each_node=True: the Trainer saves on every node")
     for scaler in scalers_with_bf16(all_calls, facts):
         checker.add(scaler, "GT011", "every autocast it meets is bfloat16")
-    if "backward" in checker.tails or any(s.trains for s in summaries):
-        for optimizer, detail in bf16_adam(facts):  # not one built to load a checkpoint
+    for optimizer, detail in bf16_adam(facts):  # not one built to load a checkpoint
+        if checker.trains or handed_to_training(facts, optimizer):  # `Trainer(m, opt).step()`
             checker.add(optimizer, "GT019", detail)
     for trainer, detail in bf16_trainers(facts):  # the Hugging Face Trainer's own AdamW
         checker.add(trainer, "GT019", detail)

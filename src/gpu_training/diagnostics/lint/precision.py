@@ -42,6 +42,9 @@ _FP32 = frozenset({"float32", "float"})
 _UPCASTING_PLUGINS = frozenset({"FullyShardedDataParallelPlugin", "DeepSpeedPlugin"})
 _DEEPSPEED_MARKS = frozenset({"deepspeed_plugin", "DEEPSPEED"})
 _DUMMIES = frozenset({"DummyOptim", "DummyScheduler"})
+_SAME_MODULE = frozenset({"to", "cuda", "train", "eval", "requires_grad_", "to_empty"})
+"""Methods that return the module itself (a ``.to(torch.float32)`` among them is a conversion
+of its own, read at that call)."""
 
 
 def _dtype(expr: ast.expr | None, facts: ModuleFacts, depth: int = 0) -> str | None:
@@ -87,8 +90,16 @@ def conversion(call: ast.Call, facts: ModuleFacts) -> tuple[str, ast.expr] | Non
 
 
 def _bound_name(call: ast.Call, parents: dict[int, ast.AST]) -> str | None:
-    """The name a call's value is assigned to (``model = Net().to(torch.bfloat16)``)."""
-    parent = parents.get(id(call))
+    """The name a call's value is assigned to (``model = Net().to(torch.bfloat16)``), through
+    the methods that hand the same module back in the same dtype (``from_pretrained(...,
+    torch_dtype=torch.bfloat16).to("cuda")``, ``.cuda()``, ``.train()``)."""
+    value: ast.expr = call
+    parent = parents.get(id(value))
+    while isinstance(parent, ast.Attribute) and parent.attr in _SAME_MODULE:
+        outer = parents.get(id(parent))
+        if not (isinstance(outer, ast.Call) and outer.func is parent):
+            return None
+        value, parent = outer, parents.get(id(outer))
     if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
         return dotted(parent.targets[0])
     if isinstance(parent, ast.AnnAssign):
