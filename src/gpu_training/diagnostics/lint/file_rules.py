@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.early_devices import cuda_before_pinning
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
 from gpu_training.diagnostics.lint.fixed_devices import fixed_ddp_devices
@@ -70,6 +71,8 @@ def whole_file_rules(checker: FileChecker) -> None:
     if direct and not pinned and checker.setup.default_cuda:
         node, what = checker.setup.default_cuda[0]
         checker.add(node, "GT002", f"{what} without set_device")
+    for call in cuda_before_pinning(facts):
+        checker.add(call, "GT002", "the current GPU before TrainingArguments/Accelerator pins it")
     for index, detail in fixed_ddp_devices(facts, all_calls) if checker.distributed else []:
         checker.add(index, "GT002", detail)
     tails = checker.tails
