@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import ast
-import functools
 import io
 import os
 import tokenize
@@ -52,6 +51,8 @@ from gpu_training.diagnostics.lint.model import (
     call_name,
     dotted,
 )
+from gpu_training.diagnostics.lint.roots import find_project_root
+from gpu_training.diagnostics.lint.roots import resolved as _resolved
 from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.state_saves import saved_state_parameters
 from gpu_training.diagnostics.lint.summary import FuncRef, Summary
@@ -538,14 +539,6 @@ def _submodule(directory: Path, name: str) -> Path | None:
     return directory / name if (directory / name).is_dir() else None
 
 
-@functools.cache
-def _resolved(path: str) -> Path:
-    try:
-        return Path(path).resolve()
-    except (OSError, RuntimeError):
-        return Path(path)
-
-
 def _parse_quietly(path: Path, project: Project) -> ModuleFacts | None:
     """An imported (not linted) module's facts; None when it cannot be read or parsed."""
     try:
@@ -557,36 +550,3 @@ def _parse_quietly(path: Path, project: Project) -> ModuleFacts | None:
     except (OSError, SyntaxError, ValueError, LookupError, UnicodeDecodeError, RecursionError):
         return None
     return ModuleFacts(tree, str(path), project)
-
-
-_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
-_MAX_ROOT_DEPTH = 8
-
-
-def find_project_root(path: str | os.PathLike[str]) -> Path | None:
-    """The repository a file or directory belongs to: the nearest directory above it (or it)
-    holding ``.git`` (or ``.hg``), at most eight levels up, so that a vendored package's own
-    ``setup.py`` inside it does not cut the repository short; else the nearest holding
-    ``pyproject.toml``, ``setup.py`` or ``setup.cfg``; None when there is none. A script linted alone resolves its imports from there, as it
-    would inside a run over the whole repository.
-
-    Example:
-        >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     (Path(tmp) / "setup.py").write_text("")
-        ...     (Path(tmp) / "tools").mkdir()
-        ...     find_project_root(Path(tmp) / "tools" / "train.py") == Path(tmp).resolve()
-        0
-        True
-    """
-    start = _resolved(str(path))
-    here = start if start.is_dir() else start.parent
-    nearest = None
-    for depth, candidate in enumerate([here, *here.parents]):
-        if depth > _MAX_ROOT_DEPTH or candidate == Path.home():
-            break
-        if (candidate / ".git").exists() or (candidate / ".hg").exists():
-            return candidate  # the repository, above a vendored package's own setup.py
-        if nearest is None and any((candidate / m).exists() for m in _ROOT_MARKERS):
-            nearest = candidate
-    return nearest

@@ -22,10 +22,11 @@ import re
 import shlex
 from pathlib import Path
 
+from gpu_training.diagnostics.lint.roots import find_project_root
+
 __all__ = ["multi_process_launches", "repository_of", "text_files"]
 
 _SKIP_DIRS = frozenset({"node_modules", "site-packages", "tests", "test", "__pycache__"})
-_MAX_DEPTH = 8
 _MAX_BYTES = 1 << 20
 # Launchers that start one process per GPU (`python -m <module>` or a command of their own)
 _LAUNCHERS = frozenset(
@@ -35,15 +36,10 @@ _SINGLE = re.compile(r"--(?:nproc_per_node|nproc-per-node|num_gpus|num_processes
 
 
 def repository_of(path: str) -> str:
-    """The repository holding ``path``: the nearest directory above it with ``.git``/``.hg``
-    (at most eight levels up), else the file's own directory."""
-    here = Path(path).parent
-    for depth, candidate in enumerate([here, *here.parents]):
-        if depth > _MAX_DEPTH:
-            break
-        if (candidate / ".git").exists() or (candidate / ".hg").exists():
-            return str(candidate)
-    return str(here)
+    """The repository holding ``path``: :func:`~gpu_training.diagnostics.lint.roots.find_project_root`
+    (the nearest directory above it with ``.git``/``.hg``, else with
+    ``pyproject.toml``/``setup.py``/``setup.cfg``), else the file's own directory."""
+    return str(find_project_root(path) or Path(path).parent)
 
 
 def _walked(directory: str) -> bool:
