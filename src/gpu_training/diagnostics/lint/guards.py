@@ -55,6 +55,7 @@ from gpu_training.diagnostics.lint.model import (
     dotted,
     mentions_rank,
 )
+from gpu_training.diagnostics.lint.node_flags import value_scope
 from gpu_training.diagnostics.lint.rank_flags import switched_off_elsewhere
 from gpu_training.diagnostics.lint.switches import MULTI, SINGLE, switch_test, world_size_test
 
@@ -227,15 +228,16 @@ def _classify_flag(
     if switched_off_elsewhere(facts, key, scope, every):
         return GUARD_RANK0
     values = [v for v in facts.lookup(key, scope, _start(test)) if v is not None]
+    at = value_scope(facts, key, scope)  # `self.on = on` is read in `__init__`, not here
     if not values and isinstance(test, ast.Name):
         passed = _passed_flag(facts, test.id, scope, depth)
         if passed not in (None, _NO_SITES):
             return passed  # `if verbose:` where every caller passes verbose=is_primary(args)
-    kinds = {_classify_value(facts, v, scope, depth) for v in values if not _is_true(v)}
+    kinds = {_classify_value(facts, v, at(v), depth) for v in values if not _is_true(v)}
     if kinds == {GUARD_RANK0}:
         values = [v for v in values if not _is_true(v)]  # `= True` when not distributed
     else:
-        kinds = {_classify_value(facts, v, scope, depth) for v in values}
+        kinds = {_classify_value(facts, v, at(v), depth) for v in values}
     attribute = isinstance(test, ast.Attribute) and not key.startswith("self.")
     if not values and attribute and facts.resolver is not None:
         # `args.is_master = args.rank == 0` in another function or module of the project
@@ -287,7 +289,7 @@ def _passed_flag(facts: ModuleFacts, name: str, scope: Scope, depth: int) -> str
                 continue  # nobody running distributed calls the caller
             kinds.add(inner)
             continue
-        kinds.add(_classify(owner, value, where, depth + 1))
+        kinds.add(_classify_value(owner, value, where, depth + 1))  # `d if rank0 else None`
     result = _NO_SITES if not kinds else (kinds.pop() if len(kinds) == 1 else None)
     facts.memo[key] = result
     return result

@@ -29,6 +29,7 @@ from gpu_training.diagnostics.lint.model import (
     call_name,
     dotted,
 )
+from gpu_training.diagnostics.lint.node_flags import switch_locality
 from gpu_training.diagnostics.lint.passed_locality import passed_locality
 
 __all__ = ["FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
@@ -158,6 +159,9 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             } - {None}
             if inner:
                 return "global" if "global" in inner else "local"
+            switched = switch_locality(facts, values, depth, guard_locality)
+            if switched is not None:
+                return switched  # `self.print = True` under `if local_rank == 0:`
         elif every and isinstance(node, ast.Name):
             passed = passed_locality(facts, node.id, scope, depth, guard_locality)
             if passed is not None:

@@ -50,8 +50,9 @@ def passed_locality(
         return facts.memo[key]  # type: ignore[return-value]
     facts.memo[key] = None  # a parameter passed on to itself proves nothing
     sites = [(facts, call, where) for call, where in facts.calls_of(func)]
-    if facts.resolver is not None:
-        sites += facts.resolver.incoming((facts, func))
+    if facts.resolver is not None:  # callers that run distributed (not a single-GPU script)
+        resolver = facts.resolver
+        sites += [s for s in resolver.incoming((facts, func)) if resolver.runs_distributed(s[0])]
     index = parameter_index(func, name)
     found: set[str | None] = set()
     for owner, call, where in sites:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
+from gpu_training.diagnostics.lint.node_flags import switch_functions
 
 __all__ = ["switched_off_elsewhere"]
 
@@ -48,7 +49,8 @@ def switched_off_elsewhere(
     tags = {t for t in under if isinstance(t, str)}
     if tags not in ({"True:all", "False:others"}, {"False:all", "True:rank0"}):
         return False
-    return _switch_covers_groups(facts, key, scope.node)
+    functions = switch_functions(facts, key, scope, every)  # `__init__` for `self.flag`
+    return all(_switch_covers_groups(facts, key, func) for func in functions)
 
 
 def _switch_covers_groups(facts: ModuleFacts, key: str, func: ast.AST) -> bool:
