@@ -6,7 +6,8 @@ the group, its *global* rank, by definition: a guard ``if args.local_rank == 0:`
 holds on one process of the whole job, not one per node. (A launch over several nodes that
 passed the node-local index here would give two processes the same rank, and the group would
 not form.) A spawn worker that creates a one-machine group from its spawn index is the common
-case.
+case. A ``local_rank`` the launcher supplies (``LOCAL_RANK``, ``--local_rank``) keeps its
+meaning, the index within the node: the script is written for a launch over nodes.
 
 The names are read over the whole file: the ``rank=`` argument itself, the names bound to it
 (``args.local_rank = local_rank``) and the names it is bound from (``rank = args.local_rank``).
@@ -44,7 +45,7 @@ def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
             continue
         rank = call_arg(call, _RANK_POSITION, "rank")
         key = dotted(rank) if rank is not None else None
-        if key is not None:
+        if key is not None and not _launcher_local(facts, key):
             keys.add(key)
     pairs = [
         (target_key, value_key)
@@ -63,6 +64,26 @@ def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
     result = frozenset(keys)
     facts.memo["group-rank-keys"] = result
     return result
+
+
+_LAUNCHER_LOCAL = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "--local_rank", "--local-rank"})
+
+
+def _launcher_local(facts: ModuleFacts, key: str) -> bool:
+    """``rank=args.local_rank`` where the launcher supplies the index within the node (the file
+    reads ``LOCAL_RANK`` or takes ``--local_rank``): the name keeps the launcher's meaning. The
+    group forms only on one node (two nodes would give two processes the same rank), but the
+    script is written for a launch over nodes, and its ``local_rank == 0`` guards mean one
+    process per node - the flaw the fix (the global rank) removes in both places."""
+    if "local" not in key.rsplit(".", 1)[-1].lower():
+        return False
+    cached = facts.memo.get("launcher-local")
+    if not isinstance(cached, bool):
+        cached = any(
+            isinstance(n, ast.Constant) and n.value in _LAUNCHER_LOCAL for n in facts.nodes
+        )
+        facts.memo["launcher-local"] = cached
+    return cached
 
 
 def literal_group_rank(facts: ModuleFacts) -> bool:

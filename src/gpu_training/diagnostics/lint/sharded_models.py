@@ -106,7 +106,36 @@ def _repository_types(root: str) -> frozenset[str] | None:
             configs += 1
             if match.group(1).upper() != "NO":
                 kinds.add(match.group(1).upper())
+    for _, text in text_files(root, (".sh", ".bash", ".slurm")):
+        for kind in _launched_types(text):
+            configs += 1
+            kinds.add(kind)
     return frozenset(kinds) if configs else None
+
+
+_LAUNCH_FLAGS = (
+    ("--use_deepspeed", "DEEPSPEED"),
+    ("--use-deepspeed", "DEEPSPEED"),
+    ("--use_fsdp", "FSDP"),
+    ("--use-fsdp", "FSDP"),
+    ("--multi_gpu", "MULTI_GPU"),
+    ("--multi-gpu", "MULTI_GPU"),
+)
+
+
+def _launched_types(text: str) -> list[str]:
+    """The distributed types that the ``accelerate launch`` commands of a shell script choose
+    by flag (``--multi_gpu``: DDP; ``--use_deepspeed``, ``--use_fsdp``), continuation lines
+    joined. A command with a ``--config_file`` (or no flag) leaves the type to a config."""
+    found: list[str] = []
+    for command in text.replace("\\\n", " ").splitlines():
+        if "accelerate launch" not in command or "config_file" in command.replace("-", "_"):
+            continue
+        words = command.split()
+        kind = next((k for flag, k in _LAUNCH_FLAGS if flag in words), None)
+        if kind is not None:
+            found.append(kind)
+    return found
 
 
 def accelerate_unsharded(facts: ModuleFacts) -> bool:
