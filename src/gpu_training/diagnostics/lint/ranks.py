@@ -246,9 +246,11 @@ class RankAnalysis:
                     for ref in self.facts.callees(sub)
                     if ref[0] is not self.facts and self.facts.resolver is not None
                 ]
-                if last in ("init_process_group", "init_distributed") or any(
-                    h.creates_group for h in helpers
-                ):
+                if (
+                    last in ("init_process_group", "init_distributed")
+                    or any(h.creates_group for h in helpers)
+                    or name == "deepspeed.initialize"
+                ):  # it creates the group when none exists
                     creates.add(node)
                 if last in _MODEL_WRAPPERS:
                     wraps.add(node)
@@ -384,7 +386,9 @@ _LOGGER_NAMES = frozenset({"logger", "log", "_logger", "_log"})
 _BOARD_METHODS = frozenset(
     {"add_scalar", "add_scalars", "add_histogram", "add_image", "add_images", "add_text"}
 )
-_FILE_METHODS = frozenset({"savefig", "save_pretrained", "to_csv", "to_json", "to_parquet"})
+_FILE_METHODS = frozenset(
+    {"savefig", "save_pretrained", "to_csv", "to_json", "to_parquet", "export_chrome_trace"}
+)
 
 
 def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | None:
