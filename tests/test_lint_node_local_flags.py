@@ -194,3 +194,37 @@ def test_a_log_directory_given_on_the_local_main_process_only(tmp_path: Path) ->
 def test_a_log_directory_given_on_the_main_process_only(tmp_path: Path) -> None:
     main = _ACCELERATE_MAIN.replace("is_local_main_process", "is_main_process")
     assert _codes(tmp_path, {"tee.py": _TEE, "main.py": main}) == []
+
+
+_STAMPED_MAIN = """\
+import os
+from datetime import datetime
+
+from accelerate import Accelerator
+
+from tee import Tee
+
+if __name__ == "__main__":
+    log_dir = os.getcwd() + "/logs/" + {stamp}
+    accelerator = Accelerator()
+    Tee(log_dir if accelerator.is_local_main_process else None)
+"""
+
+
+def test_a_log_directory_stamped_by_each_process(tmp_path: Path) -> None:
+    main = _STAMPED_MAIN.format(stamp="str(datetime.now())")
+    assert _codes(tmp_path, {"tee.py": _TEE, "main.py": main}) == []
+
+
+def test_a_log_directory_stamped_to_the_second(tmp_path: Path) -> None:
+    main = _STAMPED_MAIN.format(stamp='datetime.now().strftime("%Y%m%d-%H%M%S")')
+    assert _codes(tmp_path, {"tee.py": _TEE, "main.py": main}) == [("GT017", "tee.py", 10)]
+
+
+def test_a_jsonl_name_with_the_rounded_time(tmp_path: Path) -> None:
+    logger = _LOGGER.replace(
+        'f"{log_dir}/{name}.jsonl"', 'f"{log_dir}/{name}_{round(time.time())}.jsonl"'
+    )
+    logger = "import time\n" + logger
+    files = {"jsonl_logger.py": logger, "train_fsdp.py": _FSDP_TRAIN}
+    assert _codes(tmp_path, files) == [("GT017", "jsonl_logger.py", 15)]

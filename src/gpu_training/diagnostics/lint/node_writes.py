@@ -45,6 +45,7 @@ from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 from gpu_training.diagnostics.lint.node_paths import copied_to, node_local_disk
 from gpu_training.diagnostics.lint.ranks import rank_in_value
+from gpu_training.diagnostics.lint.stamped_paths import process_stamped
 
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.checks import FileChecker
@@ -78,6 +79,8 @@ def node_local_write(
         written = ast.unparse(call.func)
     if names_node(call, facts) or node_local_disk(facts, call, scope):
         return None
+    if process_stamped(facts, call, scope):
+        return None  # `"logs/" + str(datetime.now())`: each node's writer has its own path
     return written if named_anywhere(facts, _outermost(scope).node) else None
 
 
