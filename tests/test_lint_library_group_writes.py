@@ -104,3 +104,34 @@ def test_a_chrome_trace_per_rank(tmp_path: Path) -> None:
         "export_chrome_trace(trace_path)", 'export_chrome_trace(f"t{dist.get_rank()}.json")'
     )
     assert _gt007(tmp_path, text.replace("{guard}", "")) == []
+
+
+_COPIES = """\
+import os
+import shutil
+
+import torch.distributed as dist
+
+
+def main(cfg_path, out_dir):
+    dist.init_process_group("nccl")
+    {copy}
+    if dist.get_rank() == 0:
+        shutil.copy(cfg_path, os.path.join(out_dir, "config_rank0.yaml"))
+
+
+if __name__ == "__main__":
+    main("cfg.yaml", "runs/x")
+"""
+
+
+@pytest.mark.parametrize(
+    ("copy", "expected"),
+    [
+        ('shutil.copyfile(cfg_path, os.path.join(out_dir, "config.yaml"))', [9]),
+        ('shutil.copytree("assets", out_dir + "/assets", dirs_exist_ok=True)', [9]),
+        ('shutil.copy(cfg_path, f"{out_dir}/cfg_{dist.get_rank()}.yaml")', []),
+    ],
+)
+def test_a_shutil_copy_every_rank_makes(tmp_path: Path, copy: str, expected: list[int]) -> None:
+    assert _gt007(tmp_path, _COPIES.format(copy=copy)) == expected

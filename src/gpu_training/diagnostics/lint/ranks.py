@@ -49,6 +49,7 @@ from gpu_training.diagnostics.lint.model import (
     dotted,
     iter_scope_nodes,
 )
+from gpu_training.diagnostics.lint.node_paths import copied_to
 from gpu_training.diagnostics.lint.pipeline_schedules import is_pipeline_schedule
 from gpu_training.diagnostics.lint.temp_paths import private_temp_path
 
@@ -431,6 +432,8 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         if method in ("to_csv", "to_json") and given is None:
             return None  # no path: it returns the text
         path, what = (given if given is not None else call.func.value), method
+    elif (copied := copied_to(call, facts)) is not None:  # shutil.copy(src, dst): dst written
+        path, what = copied, name
     if path is None or _caller_decides(path, scope, facts):
         return None
     if facts.mentions_rank(call) or private_temp_path(facts, path, scope):
