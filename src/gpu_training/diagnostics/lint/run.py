@@ -23,6 +23,7 @@ from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
+from gpu_training.diagnostics.lint.overridden_methods import GROUP_PREMISED, single_process_methods
 from gpu_training.diagnostics.lint.prefix_loaders import prefix_loaders, reading_back
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.unimportable import failing_import_line
@@ -108,6 +109,14 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
     for path, found in list(results.items()):  # their loaders read the `module.` keys back
         if path in read_back and not isinstance(found, str):
             results[path] = [f for f in found if f.code != "GT006" or "pickled" in f.detail]
+    for path, spans in single_process_methods(project).items():  # the subclass overrides them
+        kept = results.get(path)
+        if kept is not None and not isinstance(kept, str):
+            results[path] = [
+                f
+                for f in kept
+                if f.code not in GROUP_PREMISED or not any(a <= f.line <= b for a, b in spans)
+            ]
     for sites in (call_site_writes(checkers, results), call_site_node_writes(checkers, results)):
         for path, extra in sites.items():
             found = results[path]
