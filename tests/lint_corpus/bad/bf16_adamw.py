@@ -1,8 +1,21 @@
 # The module converted to bf16 and handed to torch.optim.AdamW (issue 33): no fp32 master
 # weights, so updates below bf16's resolution round away. The autocast variant below it (fp32
-# parameters, bf16 compute) is right.
+# parameters, bf16 compute) is right. The script runs distributed (a process group); the same
+# code in a single-process script is out of the linter's scope (good/bf16_one_process.py).
+import os
+
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
+
+
+def setup():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+
+
+def teardown():
+    dist.destroy_process_group()
 
 
 def train_converted(args):

@@ -105,7 +105,7 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(arguments, "GT017", "save_on_each_node=True: the Trainer saves on every node")
     for scaler in scalers_with_bf16(all_calls, facts):
         checker.add(scaler, "GT011", "every autocast it meets is bfloat16")
-    for optimizer, detail in bf16_adam(facts):  # not one built to load a checkpoint
+    for optimizer, detail in bf16_adam(facts) if checker.distributed else []:  # a launched run
         if checker.trains or handed_to_training(facts, optimizer):  # `Trainer(m, opt).step()`
             checker.add(optimizer, "GT019", detail)
     for trainer, detail in bf16_trainers(facts):  # the Hugging Face Trainer's own AdamW
