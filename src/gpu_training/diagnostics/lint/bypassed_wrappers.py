@@ -30,9 +30,38 @@ import ast
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
-__all__ = ["bypasses_wrapper"]
+__all__ = ["bypasses_wrapper", "trains_own_sharded_model"]
 
 _WRAPPERS = ("DistributedDataParallel", "DDP")
+_SHARDED = ("FullyShardedDataParallel", "FSDP", "fully_shard")
+
+
+def _wrapper_tails(facts: ModuleFacts, node: ast.AST) -> set[str]:
+    return {
+        call_name(c, facts.imports).rsplit(".", 1)[-1]
+        for c in ast.walk(node)
+        if isinstance(c, ast.Call)
+    } & {*_WRAPPERS, *_SHARDED}
+
+
+def trains_own_sharded_model(facts: ModuleFacts, scope: Scope) -> bool:
+    """Whether the function wraps the model it trains in FSDP itself (``FSDP(model)``,
+    ``fully_shard(model)``, or a call of a function of the same module that does) and makes no
+    DDP wrapper: its backward reduce-scatters by design, whatever DDP model an importing file
+    trains with the module's other helpers (``GT013`` is about DDP's all-reduce)."""
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    own = _wrapper_tails(facts, func)
+    local = {
+        n.name: n
+        for n in facts.tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not func
+    }
+    for call in (c for c in ast.walk(func) if isinstance(c, ast.Call)):
+        if isinstance(call.func, ast.Name) and call.func.id in local:
+            own |= _wrapper_tails(facts, local[call.func.id])
+    return bool(own & set(_SHARDED)) and not own & set(_WRAPPERS)
 
 
 def _root(expr: ast.expr) -> str | None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import itertools
 
+from gpu_training.diagnostics.lint.bypassed_wrappers import trains_own_sharded_model
 from gpu_training.diagnostics.lint.calls import is_const, node_start, tail
 from gpu_training.diagnostics.lint.micro_batches import stepped_by_callers, steps_handed_optimizer
 from gpu_training.diagnostics.lint.model import (
@@ -108,10 +109,11 @@ class LoopAnalysis:
 
     def handles_sync(self, loop: ast.stmt, scope: Scope) -> bool:
         """Whether a loop manages DDP's gradient sync itself: a ``no_sync()``/``accumulate()``
-        block anywhere in it, or nanoGPT's ``require_backward_grad_sync`` switch."""
+        block anywhere in it, or nanoGPT's ``require_backward_grad_sync`` switch; or the
+        function trains an FSDP model it wraps itself (no DDP all-reduce to skip)."""
         cached = self._sync_cache.get(loop)
         if cached is None:
-            cached = False
+            cached = trains_own_sharded_model(self.facts, scope)
             for node in iter_scope_nodes(getattr(loop, "body", [])):
                 if isinstance(node, (ast.Assign, ast.AugAssign)):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
