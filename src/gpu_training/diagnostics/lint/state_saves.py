@@ -6,7 +6,9 @@ The save is often one hop away: ``save_model(net, optimizer, epoch, path)`` buil
 the parameter whose ``state_dict()`` reaches ``torch.save`` (in the saved expression, or
 through local names bound to it: ``sd = net.state_dict(); state = {"model": sd}``), and the
 caller reports the call that hands it the wrapper. The branch of ``m.module.state_dict() if
-hasattr(m, "module") else m.state_dict()`` that runs without ``.module`` does not count.
+hasattr(m, "module") else m.state_dict()`` that runs without ``.module`` does not count, nor
+the plain branch of ``m.module.state_dict() if cfg["DDP"] else m.state_dict()``: the script's
+own test, whatever it reads, picks the branch that unwraps ``m`` when it is wrapped.
 
 Example:
     >>> import ast
@@ -105,4 +107,28 @@ def unwrapped_branches(expr: ast.AST) -> set[int]:
             and test.args[1].value == "module"
         ):
             found |= {id(n) for n in ast.walk(node.body if negated else node.orelse)}
+        for wrapped, plain in ((node.body, node.orelse), (node.orelse, node.body)):
+            if _unwraps(wrapped) & _state_owners(plain):
+                found |= {id(n) for n in ast.walk(plain)}
     return found
+
+
+def _unwraps(expr: ast.expr) -> set[str]:
+    """``m`` for each ``m.module.state_dict()`` in ``expr``."""
+    return {
+        owner
+        for call in state_dict_calls([expr])
+        if isinstance(call.func, ast.Attribute)
+        and isinstance(call.func.value, ast.Attribute)
+        and call.func.value.attr == "module"
+        and (owner := dotted(call.func.value.value)) is not None
+    }
+
+
+def _state_owners(expr: ast.expr) -> set[str]:
+    """``m`` for each ``m.state_dict()`` in ``expr``."""
+    return {
+        owner
+        for call in state_dict_calls([expr])
+        if isinstance(call.func, ast.Attribute) and (owner := dotted(call.func.value)) is not None
+    }
