@@ -4,7 +4,8 @@
 each call to the per-call rules; what needs the whole file (or what the walk collected from
 it) is decided here: ``GT002`` (a group created with no ``set_device`` anywhere), ``GT005``
 (epoch loops without ``set_epoch``), ``GT009`` (collectives left unpaired under a rank
-guard), ``GT011`` (a scaler that only meets bf16), ``GT019`` (bf16 parameters under Adam) and
+guard), ``GT011`` (a scaler that only meets bf16), ``GT019`` (bf16 parameters under Adam),
+``GT020`` (a loss computed past the DDP wrapper) and
 ``GT015`` (no ``destroy_process_group``, through
 :mod:`~gpu_training.diagnostics.lint.teardown`).
 
@@ -29,6 +30,7 @@ from gpu_training.diagnostics.lint.early_devices import cuda_before_pinning
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
 from gpu_training.diagnostics.lint.fixed_devices import fixed_ddp_devices
+from gpu_training.diagnostics.lint.forward_bypass import bypassed_forwards
 from gpu_training.diagnostics.lint.handed_optimizers import handed_to_training
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.local_branches import locally_decided_collectives
@@ -110,6 +112,11 @@ def whole_file_rules(checker: FileChecker) -> None:
             checker.add(optimizer, "GT019", detail)
     for trainer, detail in bf16_trainers(facts):  # the Hugging Face Trainer's own AdamW
         checker.add(trainer, "GT019", detail)
+    if checker.distributed:  # a loss computed past the DDP wrapper: never all-reduced
+        prepared = checker.framework == "accelerate" and checker.ddp_wrapper
+        fabric = checker.framework == "fabric"
+        for node, detail in bypassed_forwards(facts, prepared=prepared, fabric=fabric):
+            checker.add(node, "GT020", detail)
     for guarded in unpaired_collectives(checker.guarded_collectives):
         checker.add(guarded.call, "GT009", guarded.collective)
     ranked = {id(g.call) for g in checker.guarded_collectives}

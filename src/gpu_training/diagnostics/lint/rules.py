@@ -381,6 +381,23 @@ _RULE_LIST = [
         ("amp", "Two ideas people conflate"),
         ("amp", "fp16 vs bf16: which to use"),
     ),
+    _rule(
+        "GT020",
+        "forward-past-ddp",
+        "the loss is computed on the module inside the DDP wrapper: gradients are never all-reduced",
+        """DDP averages gradients only for a backward whose forward went through the wrapper:
+        its forward arms the reducer, and the gradient hooks of a backward it did not arm do
+        nothing. A loss from model.module(x), model.module.compute_loss(batch),
+        accelerator.unwrap_model(model)(x), or from net(x) where model = DDP(net) is never run,
+        backpropagates on each rank alone - no error, no warning - and each replica steps with
+        its own gradients and drifts away from the others (Lightning Fabric: a method other than
+        forward called on the set-up model, unless fabric.mark_forward_method names it). A side
+        loss on model.module next to a forward through the wrapper is not flagged.""",
+        """Run the training forward through the wrapper: loss = model(x) (put the loss inside the
+        module's forward, or call compute_loss from it); in Fabric, fabric.mark_forward_method(
+        model, "training_step"). Keep model.module for saving and for evaluation.""",
+        ("tutorial", "Gradient Synchronisation and Communication"),
+    ),
 ]
 
 RULES: dict[str, Rule] = {rule.code: rule for rule in _RULE_LIST}
