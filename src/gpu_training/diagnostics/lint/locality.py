@@ -121,6 +121,8 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             kinds |= {s.rank_value for s in summaries if s.rank_value}
             return "global" if "global" in kinds else ("local" if kinds else None)
         last = _tail(call_name(node, facts.imports))
+        if last == "get_local_rank" and (node.args or node.keywords):
+            return "global"  # `gpc.get_local_rank(ParallelMode.DATA)`: the rank in that group
         if last in _LOCAL_CALLS:
             return "local"
         if last == "get_rank" and (node.args or any(k.arg == "group" for k in node.keywords)):
@@ -144,7 +146,8 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             "global"  # `init_process_group(rank=local_rank)`: the group's rank, whatever its name
         )
     if is_rankish and _LOCAL_NAME.search(name):
-        return "local"
+        bound = _bound_locality(facts, node, scope, depth)
+        return bound or "local"  # `local_rank = dist.get_rank()`: the value, not the name
     key = dotted(node)
     if key is not None and (isinstance(node, ast.Name) or key.startswith("self.")):
         every = facts.lookup(key, scope, _start(node))
@@ -167,6 +170,57 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             if passed is not None:
                 return passed  # `def __init__(self, rank)`, every caller passing LOCAL_RANK
     return "global" if is_rankish else None
+
+
+def _bound_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) -> str | None:
+    """Which rank a rank-named variable holds, read from what it is bound to, where that is known.
+
+    ``local_rank = dist.get_rank()`` holds the global rank whatever its name, and ``rank =
+    int(os.environ["LOCAL_RANK"])`` the node-local one. Only a value read from the launcher or
+    the library decides (a rank call, a rank environment variable, Accelerate's
+    ``process_index``, directly or through a variable bound to one); a parameter or an argparse
+    field is unknown (None), and the caller reads the name.
+    """
+    key = dotted(node)
+    if depth > 4 or key is None or not (isinstance(node, ast.Name) or key.startswith("self.")):
+        return None
+    values = [v for v in facts.lookup(key, scope, _start(node)) if v is not None]
+    own = key.startswith("self.")
+    found: set[str] = set()
+    for value in values:
+        where = _known_value(facts, value, facts.scope_containing(value) if own else scope, depth)
+        if where is None:
+            return None  # one binding of unknown origin: the name decides
+        found.add(where)
+    if not found:
+        return None
+    return "global" if "global" in found else "local"
+
+
+def _known_value(facts: ModuleFacts, value: ast.expr, scope: Scope, depth: int) -> str | None:
+    """The locality of one bound value from its library/launcher sources alone, else None."""
+    modulo = {
+        id(sub)
+        for n in ast.walk(value)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+        for sub in ast.walk(n.left)
+    }
+    found: set[str] = set()
+    for sub in ast.walk(value):
+        where: str | None = None
+        if isinstance(sub, (ast.Call, ast.Constant)):
+            where = _leaf_locality(facts, sub, scope, depth + 1)
+        elif isinstance(sub, ast.Attribute) and sub.attr in RANK_ATTRS:
+            where = "local" if _LOCAL_NAME.search(sub.attr) else "global"
+        elif isinstance(sub, ast.Name):
+            where = _bound_locality(facts, sub, scope, depth + 1)
+        if where == "global" and id(sub) in modulo:
+            where = "local"  # `dist.get_rank() % torch.cuda.device_count()`
+        if where is not None:
+            found.add(where)
+    if not found:
+        return None
+    return "global" if "global" in found else "local"
 
 
 def _multi_node_branch(
