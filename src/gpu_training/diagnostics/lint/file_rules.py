@@ -39,6 +39,7 @@ from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
 from gpu_training.diagnostics.lint.ranks import unpaired_collectives
 from gpu_training.diagnostics.lint.reiterated_loaders import reiterated_loaders
 from gpu_training.diagnostics.lint.setup import global_rank_source
+from gpu_training.diagnostics.lint.single_node import loopback_rendezvous
 from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
 from gpu_training.diagnostics.lint.trainer_precision import bf16_trainers
 from gpu_training.diagnostics.lint.visible_devices import (
@@ -133,3 +134,5 @@ def whole_file_rules(checker: FileChecker) -> None:
     )
     if missing is not None:
         checker.add(missing[0], "GT015", missing[1])
+    if loopback_rendezvous(facts):  # one machine's group: its global rank is the GPU's index
+        checker.findings = {f for f in checker.findings if f.code != "GT018"}
