@@ -35,17 +35,10 @@ import re
 from collections.abc import Iterator
 
 from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
-from gpu_training.diagnostics.lint.fallbacks import (
-    SINGLE_PROCESS_ATTRS,
-    fallback_kind,
-    means_group,
-)
+from gpu_training.diagnostics.lint.env_tests import launcher_variable_test
+from gpu_training.diagnostics.lint.fallbacks import SINGLE_PROCESS_ATTRS, fallback_kind, means_group
 from gpu_training.diagnostics.lint.group_rank import group_rank_keys, spawn_index_keys
-from gpu_training.diagnostics.lint.locality import (
-    FLAG_NAMES,
-    guard_locality,
-    rank_zero_decorator,
-)
+from gpu_training.diagnostics.lint.locality import FLAG_NAMES, guard_locality, rank_zero_decorator
 from gpu_training.diagnostics.lint.model import (
     RANK_ATTRS,
     RANK_CALLS,
@@ -321,6 +314,8 @@ def _classify_compare(
     facts: ModuleFacts, test: ast.Compare, scope: Scope, depth: int
 ) -> str | None:
     left, op, right = test.left, test.ops[0], test.comparators[0]
+    if (launched := launcher_variable_test(facts, test)) is not None:
+        return launched  # `"RANK" in os.environ`: the same in every process of the launch
     if (
         _is_none(right)
         and isinstance(op, (ast.IsNot, ast.Is))
