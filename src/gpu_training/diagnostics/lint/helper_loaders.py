@@ -4,7 +4,8 @@
 module builds it (``data_loader = create_dataloader(path, tokenizer, ...)``) and knows
 nothing of the process group: reported there, a utilities package's every loader would be
 flagged. The helper's summary records instead that it returns a loader built with no
-``sampler=``/``batch_sampler=`` (or one bound to ``None`` only) and builds no distributed
+``sampler=``/``batch_sampler=`` (or one bound to ``None`` only) over a dataset that does not
+shard itself (:mod:`~gpu_training.diagnostics.lint.sharded_datasets`), and builds no distributed
 sampler, and the distributed script that calls it is told, at the call, when the result
 reaches a training step. A loader built from ``**kwargs`` is not judged.
 
@@ -26,6 +27,7 @@ import re
 
 from gpu_training.diagnostics.lint.calls import call_arg, is_const, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
 
 __all__ = ["always_none", "returns_unsharded_loader"]
 
@@ -93,7 +95,10 @@ def _unsharded(facts: ModuleFacts, loader: ast.Call, scope: Scope) -> bool:
     ):
         return False
     samplers = (call_arg(loader, 3, "sampler"), call_arg(loader, 4, "batch_sampler"))
-    return all(value is None or always_none(facts, value, scope) for value in samplers)
+    if not all(value is None or always_none(facts, value, scope) for value in samplers):
+        return False
+    dataset = call_arg(loader, 0, "dataset")  # a dataset that splits itself by rank
+    return dataset is None or not dataset_shards_itself(facts, dataset, scope)
 
 
 def always_none(facts: ModuleFacts, value: ast.expr, scope: Scope) -> bool:

@@ -51,6 +51,7 @@ from gpu_training.diagnostics.lint.returned_state import (
     returned_and_saved,
     unpacked_from_local_call,
 )
+from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
 from gpu_training.diagnostics.lint.single_gpu import one_visible_gpu
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 from gpu_training.diagnostics.lint.unread import never_read
@@ -239,9 +240,9 @@ class SetupRules:
         values = [dataset]
         if isinstance(dataset, ast.Name):
             values += [v for v in self.facts.lookup_all(dataset.id, scope) if v is not None]
-        text = " ".join(ast.unparse(v).lower() for v in values)
-        # built with the rank (it shards itself), or an IterableDataset (no sampler possible)
-        return any(word in text for word in ("rank", "world_size", "num_replicas", "iterable"))
+        if any("iterable" in ast.unparse(v).lower() for v in values):
+            return True  # an IterableDataset: no sampler possible
+        return dataset_shards_itself(self.facts, dataset, scope)
 
     def _is_eval_loader(self, call: ast.Call) -> bool:
         dataset = keyword_arg(call, "dataset")

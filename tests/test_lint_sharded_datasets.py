@@ -1,0 +1,212 @@
+"""``gpu-training lint`` ``GT003``: a loader over a dataset that shards itself by rank.
+
+A ``DataLoader`` with no sampler gives each rank its own data when the dataset splits itself:
+an ``IterableDataset`` whose ``__iter__`` strides by ``get_rank()`` (and the worker id), a
+map-style dataset that keeps ``files[rank::world]``, a Hugging Face dataset passed through
+``.shard(num_shards=..., index=rank)`` or ``split_dataset_by_node``; built inline, in a
+helper, or in a data-module method (``dm.train_dataloader()``). A dataset that reads the rank
+only to print on rank 0 is not sharded. Minimal reproductions written here (issue 33, set 16:
+a streaming dataset sharded by (rank, worker) behind a DataModule).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_training.diagnostics.lint.report import lint_paths
+
+_STREAM = """\
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+
+class TokenStream(IterableDataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __iter__(self):
+        rank, world = 0, 1
+        if torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank()
+            world = torch.distributed.get_world_size()
+        info = get_worker_info()
+        workers = info.num_workers if info else 1
+        wid = info.id if info else 0
+        for i, row in enumerate(self.rows):
+            if i % (world * workers) == rank * workers + wid:
+                yield row
+
+
+class DataModule:
+    def __init__(self, rows, batch_size):
+        self.rows, self.batch_size = rows, batch_size
+        self.train_ds = None
+
+    def prepare(self):
+        self.train_ds = TokenStream(self.rows)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_ds, batch_size=self.batch_size, drop_last=True)
+"""
+
+_MAP_STYLE = """\
+import os
+
+from torch.utils.data import DataLoader, Dataset
+
+
+class ShardFiles(Dataset):
+    def __init__(self, files):
+        rank = int(os.environ.get("RANK", 0))
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        self.files = sorted(files)[rank::world]
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        return self.files[i]
+
+
+def train_dataloader(files, batch_size):
+    dataset = ShardFiles(files)
+    return DataLoader(dataset, batch_size=batch_size)
+"""
+
+_HF_SHARD = """\
+import torch.distributed as dist
+from datasets import load_dataset
+from torch.utils.data import DataLoader
+
+
+def train_dataloader(path, batch_size):
+    ds = load_dataset("json", data_files=path)["train"]
+    ds = ds.shard(num_shards=dist.get_world_size(), index=dist.get_rank())
+    return DataLoader(ds, batch_size=batch_size)
+"""
+
+_HF_SPLIT = """\
+import os
+
+from datasets import load_dataset
+from datasets.distributed import split_dataset_by_node
+from torch.utils.data import DataLoader
+
+
+def train_dataloader(path, batch_size):
+    stream = load_dataset("json", data_files=path, streaming=True)["train"]
+    mine = split_dataset_by_node(stream, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    return DataLoader(mine, batch_size=batch_size)
+"""
+
+_RANK_ZERO_PRINT = """\
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+
+class Pairs(Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+        if dist.get_rank() == 0:
+            print(f"{len(rows)} rows")
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def train_dataloader(rows, batch_size):
+    return DataLoader(Pairs(rows), batch_size=batch_size, shuffle=True)
+"""
+
+_TRAIN = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+{imports}
+
+
+def main():
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    model = DDP(torch.nn.Linear(8, 8).cuda(), device_ids=[local_rank])
+    optimizer = torch.optim.AdamW(model.parameters())
+    {make}
+    for batch in loader:
+        loss = model(batch.cuda()).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+_CASES = {
+    "stream_datamodule": (
+        _STREAM,
+        "from data import DataModule",
+        "dm = DataModule(list(range(100)), 8)\n    dm.prepare()\n"
+        "    loader = dm.train_dataloader()",
+    ),
+    "map_style_env_rank": (
+        _MAP_STYLE,
+        "from data import train_dataloader",
+        "loader = train_dataloader(['a', 'b'], 8)",
+    ),
+    "hf_shard": (
+        _HF_SHARD,
+        "from data import train_dataloader",
+        "loader = train_dataloader('x', 8)",
+    ),
+    "hf_split_by_node": (
+        _HF_SPLIT,
+        "from data import train_dataloader",
+        "loader = train_dataloader('x', 8)",
+    ),
+}
+
+
+def _findings(tmp_path: Path, data: str, imports: str, make: str) -> set[tuple[str, str]]:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "data.py").write_text(data)
+    (tmp_path / "train.py").write_text(_TRAIN.format(imports=imports, make=make))
+    report = lint_paths([tmp_path])
+    assert not report.errors, report.errors
+    return {(Path(f.path).name, f.code) for f in report.findings}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_a_loader_over_a_self_sharding_dataset_is_not_gt003(tmp_path: Path, case: str) -> None:
+    data, imports, make = _CASES[case]
+    assert ("train.py", "GT003") not in _findings(tmp_path, data, imports, make)
+
+
+def test_a_dataset_that_reads_the_rank_only_to_print_keeps_gt003(tmp_path: Path) -> None:
+    found = _findings(
+        tmp_path,
+        _RANK_ZERO_PRINT,
+        "from data import train_dataloader",
+        "loader = train_dataloader([1, 2], 8)",
+    )
+    assert ("train.py", "GT003") in found
+
+
+def test_the_same_file_iterable_class_sharded_by_rank_is_not_gt003(tmp_path: Path) -> None:
+    body = _STREAM.replace("class DataModule", "class _Unused") + _TRAIN.format(
+        imports="", make="loader = DataLoader(TokenStream(list(range(9))), batch_size=4)"
+    ).replace("import os\n", "import os\n", 1)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "train.py").write_text(body)
+    report = lint_paths([tmp_path])
+    assert "GT003" not in {f.code for f in report.findings}
