@@ -72,7 +72,11 @@ def accelerate_sharding(facts: ModuleFacts) -> str | None:
         if tail(call_name(call, facts.imports)) != "Accelerator":
             continue
         uses_accelerator = True
-        for keyword, kind in (("fsdp_plugin", "fsdp"), ("deepspeed_plugin", "deepspeed")):
+        for keyword, kind in (
+            ("fsdp_plugin", "fsdp"),
+            ("deepspeed_plugin", "deepspeed"),
+            ("deepspeed_plugins", "deepspeed"),
+        ):
             value = keyword_arg(call, keyword)
             if value is not None and not (isinstance(value, ast.Constant) and value.value is None):
                 found = kind

@@ -2,10 +2,16 @@
 ``prepare``/``setup``), and whether it is one that all-reduces on every backward (DDP).
 
 ``GT013`` (gradient accumulation without ``no_sync()``) is about DDP: an FSDP1 model
-reduce-scatters on every micro-batch by design, so a file whose only wrappers are FSDP's is
-not reported. Accelerate and Fabric wrap in DDP unless told otherwise: an Accelerate script
-whose Accelerator shards with FSDP (``fsdp_plugin=``, or the repository's Accelerate configs:
-:func:`~gpu_training.diagnostics.lint.sharded_models.accelerate_sharding`) is not a DDP one.
+reduce-scatters on every micro-batch by design (its ``no_sync()`` trades that for unsharded
+gradients in memory), so a file whose only wrappers are FSDP's is not reported. Accelerate
+and Fabric wrap in DDP unless told otherwise: an Accelerate script whose Accelerator shards
+with FSDP or runs DeepSpeed (``fsdp_plugin=``, ``deepspeed_plugin=DeepSpeedPlugin(
+gradient_accumulation_steps=k)``, or the repository's Accelerate configs:
+:func:`~gpu_training.diagnostics.lint.sharded_models.accelerate_sharding`) is not a DDP one:
+DeepSpeed's engine counts the micro-batches and reduces at its own accumulation boundary,
+and ``accelerator.accumulate()`` has no DDP sync to skip there. Likewise a Fabric whose
+strategy is DeepSpeed's or FSDP's (``Fabric(strategy="deepspeed_stage_2")``,
+``strategy=FSDPStrategy(...)``).
 
 Example:
     >>> wrapper_kinds({"FSDP"}, None, [])
@@ -18,7 +24,8 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.model import ModuleFacts
+from gpu_training.diagnostics.lint.calls import keyword_arg
+from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 from gpu_training.diagnostics.lint.sharded_models import accelerate_sharding
 
 __all__ = ["wrapper_kinds"]
@@ -46,5 +53,25 @@ def wrapper_kinds(
     )
     wraps = bool(tails & (_DDP | _SHARDED)) or prepares
     if prepares and framework == "accelerate" and facts is not None:
-        prepares = accelerate_sharding(facts) != "fsdp"  # FSDP: reduce-scatters by design
+        prepares = accelerate_sharding(facts) is None  # FSDP/DeepSpeed: no DDP all-reduce
+    elif prepares and framework == "fabric" and facts is not None:
+        prepares = not _fabric_shards(facts)
     return wraps, bool(tails & _DDP) or (prepares and not tails & _SHARDED)
+
+
+_SHARDING_STRATEGIES = frozenset({"DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy"})
+
+
+def _fabric_shards(facts: ModuleFacts) -> bool:
+    """A Fabric built with a DeepSpeed or FSDP strategy (a name or a strategy object)."""
+    for call in facts.calls:
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else dotted(call.func)
+        if name in _SHARDING_STRATEGIES:
+            return True
+        if name != "Fabric":
+            continue
+        strategy = keyword_arg(call, "strategy")
+        text = strategy.value if isinstance(strategy, ast.Constant) else None
+        if isinstance(text, str) and text.lower().startswith(("deepspeed", "fsdp")):
+            return True
+    return False
