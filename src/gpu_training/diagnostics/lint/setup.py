@@ -53,6 +53,7 @@ from gpu_training.diagnostics.lint.returned_state import (
 )
 from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
 from gpu_training.diagnostics.lint.single_gpu import one_visible_gpu
+from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 from gpu_training.diagnostics.lint.unread import never_read
 
@@ -116,6 +117,7 @@ class SetupRules:
         if (
             is_dp
             and not self._evaluates_only()
+            and not main_block_smoke_test(self.facts.tree, call, trains=self.trains)
             and not infers_only(self.facts, call, scope)
             and not in_unlaunched_branch(scope.node, call)
         ):
