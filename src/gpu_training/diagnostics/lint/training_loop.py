@@ -34,6 +34,7 @@ import itertools
 
 from gpu_training.diagnostics.lint.bypassed_wrappers import trains_own_sharded_model
 from gpu_training.diagnostics.lint.calls import is_const, node_start, tail
+from gpu_training.diagnostics.lint.launched_flags import launched_without_accumulation
 from gpu_training.diagnostics.lint.micro_batches import stepped_by_callers, steps_handed_optimizer
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
@@ -146,6 +147,8 @@ class LoopAnalysis:
         """
         if not self.is_accumulation_loop(loop, scope):
             return None
+        if launched_without_accumulation(self.facts, loop):
+            return None  # every shipped launch passes an accumulation count of 1
         for block, index in reversed(_enclosing_blocks(getattr(loop, "body", []), call)):
             for at, stmt in enumerate(block[index + 1 :], index + 1):
                 if isinstance(stmt, ast.Expr) and self._is_optimizer_step(stmt.value, scope):
