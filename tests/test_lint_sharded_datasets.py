@@ -210,3 +210,14 @@ def test_the_same_file_iterable_class_sharded_by_rank_is_not_gt003(tmp_path: Pat
     (tmp_path / "train.py").write_text(body)
     report = lint_paths([tmp_path])
     assert "GT003" not in {f.code for f in report.findings}
+
+
+def test_a_ranking_dataset_is_not_taken_for_a_sharded_one(tmp_path: Path) -> None:
+    data = _RANK_ZERO_PRINT.replace(
+        '        if dist.get_rank() == 0:\n            print(f"{len(rows)} rows")\n',
+        "        self.ranking = [r[1] for r in rows]\n",
+    )
+    found = _findings(
+        tmp_path, data, "from data import train_dataloader", "loader = train_dataloader([1, 2], 8)"
+    )
+    assert ("train.py", "GT003") in found

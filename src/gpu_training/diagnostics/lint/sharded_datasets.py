@@ -34,6 +34,7 @@ __all__ = ["dataset_shards_itself"]
 
 _WORDS = re.compile(r"rank|world_size|num_replicas", re.I)
 _SHARD_CALLS = frozenset({"shard", "split_dataset_by_node"})
+_RANK_NAME = re.compile(r"(^|_)rank(_id|_idx|_index)?$|^world_size$|^num_replicas$")
 _METHODS = ("__init__", "__iter__", "__getitem__", "__len__", "setup", "shard")
 
 
@@ -102,9 +103,17 @@ def _consults_rank(facts: ModuleFacts, func: ast.AST) -> bool:
     return any(
         isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Constant))
         and id(node) not in tests
-        and facts.mentions_rank(node)
+        and _reads_rank(facts, node)
         for node in ast.walk(func)
     )
+
+
+def _reads_rank(facts: ModuleFacts, node: ast.AST) -> bool:
+    """A rank read (``get_rank()``, ``os.environ["RANK"]``, a name ``rank``/``local_rank``/
+    ``self.rank_id``); a word that only contains the letters (``ranking``) is not one."""
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return _RANK_NAME.search(tail(dotted(node)).lower()) is not None
+    return facts.mentions_rank(node)
 
 
 def _rank_zero_test(node: ast.AST) -> bool:
