@@ -66,6 +66,8 @@ class _Classes:
                     self.where[id(node)] = path
                     self.by_name.setdefault(node.name, []).append(node)
         self._joins: dict[int, bool] = {}
+        self._ancestors: dict[int, list[ast.ClassDef]] = {}
+        self._reaches: dict[tuple[int, int, str, int], bool] = {}
 
     def parents(self, cls: ast.ClassDef) -> list[ast.ClassDef]:
         found: list[ast.ClassDef] = []
@@ -78,13 +80,22 @@ class _Classes:
             found += local or named  # a class of the same module shadows the others
         return found
 
-    def ancestors(self, cls: ast.ClassDef, depth: int = 0) -> list[ast.ClassDef]:
-        if depth > _MAX_DEPTH:
-            return []
-        found: list[ast.ClassDef] = []
-        for parent in self.parents(cls):
-            found += [parent, *self.ancestors(parent, depth + 1)]
-        return found
+    def ancestors(self, cls: ast.ClassDef) -> list[ast.ClassDef]:
+        """Every class above ``cls`` within ``_MAX_DEPTH`` levels, each once (kept: a project
+        with many same-named classes, such as vendored copies, made the walk exponential)."""
+        cached = self._ancestors.get(id(cls))
+        if cached is not None:
+            return cached
+        found: dict[int, ast.ClassDef] = {}
+        level = [cls]
+        for _ in range(_MAX_DEPTH + 1):
+            level = [p for c in level for p in self.parents(c) if id(p) not in found]
+            if not level:
+                break
+            for parent in level:
+                found.setdefault(id(parent), parent)
+        result = self._ancestors[id(cls)] = list(found.values())
+        return result
 
     def joins_group(self, cls: ast.ClassDef) -> bool:
         """The class's own body sets up a process group or a DDP wrapper."""
@@ -108,10 +119,13 @@ class _Classes:
             return True
         if depth > _MAX_DEPTH:
             return True
-        own = _method(cls, name)
-        if own is not None and not _calls_super(own, name):
-            return False
-        return any(self.reaches_base(p, base, name, depth + 1) for p in self.parents(cls))
+        key = (id(cls), id(base), name, depth)
+        if key not in self._reaches:
+            own = _method(cls, name)
+            self._reaches[key] = (own is None or _calls_super(own, name)) and any(
+                self.reaches_base(p, base, name, depth + 1) for p in self.parents(cls)
+            )
+        return self._reaches[key]
 
 
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
@@ -149,11 +163,14 @@ def single_process_methods(project: Project) -> dict[str, list[tuple[int, int]]]
     classes = _Classes(project)
     spans: dict[str, list[tuple[int, int]]] = {}
     everything = [c for group in classes.by_name.values() for c in group]
+    below: dict[int, list[ast.ClassDef]] = {}
+    for cls in everything:
+        for ancestor in classes.ancestors(cls):
+            below.setdefault(id(ancestor), []).append(cls)
     for base in everything:
-        if classes.distributed(base):
+        if id(base) not in below or classes.distributed(base):
             continue
-        subclasses = [c for c in everything if base in classes.ancestors(c)]
-        joined = [c for c in subclasses if classes.distributed(c)]
+        joined = [c for c in below[id(base)] if classes.distributed(c)]
         if not joined:
             continue
         for method in base.body:
