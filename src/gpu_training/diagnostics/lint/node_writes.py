@@ -44,7 +44,7 @@ from gpu_training.diagnostics.lint.locality import FLAG_NAMES
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 from gpu_training.diagnostics.lint.node_paths import copied_to, node_local_disk
-from gpu_training.diagnostics.lint.ranks import rank_in_value
+from gpu_training.diagnostics.lint.rank_values import rank_in_value
 from gpu_training.diagnostics.lint.stamped_paths import process_stamped
 
 if TYPE_CHECKING:

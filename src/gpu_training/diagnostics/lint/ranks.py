@@ -40,7 +40,6 @@ from gpu_training.diagnostics.lint.collectives import (
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.handles import appended_by_rank0_only, one_literal_path
 from gpu_training.diagnostics.lint.log_files import truncated_log_file
-from gpu_training.diagnostics.lint.loop_items import loop_sources
 from gpu_training.diagnostics.lint.lr_assignments import rank_dependent_assignments
 from gpu_training.diagnostics.lint.model import (
     ModuleFacts,
@@ -51,6 +50,7 @@ from gpu_training.diagnostics.lint.model import (
 )
 from gpu_training.diagnostics.lint.node_paths import copied_to
 from gpu_training.diagnostics.lint.pipeline_schedules import is_pipeline_schedule
+from gpu_training.diagnostics.lint.rank_values import rank_in_value
 from gpu_training.diagnostics.lint.temp_paths import private_temp_path
 
 __all__ = [
@@ -485,45 +485,6 @@ def _caller_decides(path: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
             passed.append((owner, value, where))
     shared = [v for f, v, w in passed if v is not None and not rank_in_value(f, v, w)]
     return not passed or len(shared) < len(passed)
-
-
-def rank_in_value(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
-    """Whether a value (a path) is built with the rank anywhere along its names: directly
-    (``f"ckpt_{rank}.pt"``), through a name bound to such a value, or through a parameter
-    some caller in the file passes one (``log_suffix = "-rank%03i" % rank`` two calls up)."""
-    if facts.mentions_rank(expr):
-        return True
-    if depth > 6:  # a path, its parts, a loop item, a parameter, the caller's value
-        return False
-    for node in ast.walk(expr):
-        if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
-            continue
-        values = facts.lookup_all(node.id, scope)
-        if any(v is not None and rank_in_value(facts, v, scope, depth + 1) for v in values):
-            return True
-        if None in values and any(  # `for idx in my_indices`: one of this rank's items
-            rank_in_value(facts, s, scope, depth + 1) for s in loop_sources(facts, node.id, scope)
-        ):
-            return True
-        func = scope.node
-        is_param = None in values and isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
-        if is_param and _passed_with_rank(facts, func, node.id, depth):  # type: ignore[arg-type]
-            return True
-    return False
-
-
-def _passed_with_rank(facts: ModuleFacts, func: _Func, name: str, depth: int) -> bool:
-    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-    if name not in params:
-        return False
-    index = params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
-    for sub, where in facts.calls_of(func):
-        value = keyword_arg(sub, name)
-        if value is None and 0 <= index < len(sub.args):
-            value = sub.args[index]
-        if value is not None and rank_in_value(facts, value, where, depth + 1):
-            return True
-    return False
 
 
 def logs_silenced_per_rank(calls: list[ast.Call], facts: ModuleFacts) -> bool:
