@@ -198,6 +198,7 @@ class FileChecker:
         self.external_sites: dict[int, list[tuple[Ctx, bool]]] = {}
         self.outgoing: list[tuple[FuncRef, Ctx, bool, ast.Call]] = []
         self.callback_sites: list[tuple[FuncRef, Ctx, bool]] = []  # handed on, not called
+        self.patched: dict[int, tuple[ast.AST, str]] = {}  # stored over a method: run.py
         self.epoch_loops: list[ast.stmt] = []
         self.guarded_collectives: list[GuardedCollective] = []
         self._expr_cache: dict[ast.AST, tuple[list[ast.Call], list[FuncRef]]] = {}
@@ -247,8 +248,7 @@ class FileChecker:
             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
         }
         for _ in range(8):  # call-site contexts feed function entry contexts: to a fixpoint
-            self.call_sites = {}
-            self.outgoing, self.callback_sites = [], []
+            self.call_sites, self.outgoing, self.callback_sites = {}, [], []
             self._walk(entry)
             updated = {f: self._entry_context(f) for f in entry}
             if updated == entry:
@@ -466,7 +466,7 @@ class FileChecker:
             subs = list(ast.walk(node))
             calls = [sub for sub in subs if isinstance(sub, ast.Call)]
             called = {id(c.func) for c in calls}
-            refs = referenced_functions(self.facts, subs, called)
+            refs = referenced_functions(self.facts, subs, called, self.patched)
             cached = self._expr_cache[node] = (calls, refs)
             self._ifexp_cache[node] = [sub for sub in subs if isinstance(sub, ast.IfExp)]
         calls, refs = cached

@@ -24,6 +24,7 @@ from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
 from gpu_training.diagnostics.lint.overridden_methods import GROUP_PREMISED, single_process_methods
+from gpu_training.diagnostics.lint.patched_methods import method_sites
 from gpu_training.diagnostics.lint.prefix_loaders import prefix_loaders, reading_back
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.unimportable import failing_import_line
@@ -88,6 +89,9 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
             for (facts, func), ctx, every_rank in made + checker.callback_sites:
                 if facts.path in incoming:
                     incoming[facts.path].setdefault(id(func), []).append((ctx, every_rank))
+        for owner, patched in method_sites(checkers, project).items():  # patched_methods.py
+            for key, method_ctxs in patched.items():
+                incoming[owner].setdefault(key, []).extend(method_ctxs)
         for path, checker in checkers.items():
             checker.external_sites = incoming[path]
             seeds = {
