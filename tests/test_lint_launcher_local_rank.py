@@ -122,8 +122,11 @@ def test_a_spawn_index_that_makes_a_one_machine_group(tmp_path: Path) -> None:
 _SCRIPT = "CUDA_VISIBLE_DEVICES=0,1 accelerate launch {flags} \\\\\n    train.py --lr 1e-4\n"
 
 
-def test_save_state_under_a_multi_gpu_launch(tmp_path: Path) -> None:
-    script = _SCRIPT.format(flags="--multi_gpu --num_processes=2")
+@pytest.mark.parametrize("flags", ["--multi_gpu --num_processes=2", "--num_processes=2"])
+def test_save_state_under_a_multi_gpu_launch(tmp_path: Path, flags: str) -> None:
+    """``--num_processes=2`` alone, in a repository that ships no config and names no
+    sharding library: Accelerate's default launch on several GPUs, DDP (issue 33, set 17)."""
+    script = _SCRIPT.format(flags=flags)
     files = {"train.py": _ACCELERATE, "scripts/train.sh": script}
     assert _found(tmp_path, files, "GT009") == []
 
@@ -134,7 +137,6 @@ def test_save_state_under_a_multi_gpu_launch(tmp_path: Path) -> None:
         "--use_deepspeed --num_processes=2",
         "--use_fsdp --num_processes 2",
         "--config_file configs/zero2.yaml",
-        "--num_processes=2",
     ],
 )
 def test_save_state_under_a_sharded_or_unknown_launch(tmp_path: Path, flags: str) -> None:

@@ -69,7 +69,7 @@ def _repository(tmp_path: Path, script: str, configs: dict[str, str]) -> Path:
     (tmp_path / ".git").mkdir()
     for name, kind in configs.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(_config(kind))
+        (tmp_path / name).write_text(_config(kind) if name.endswith((".yaml", ".yml")) else kind)
     (tmp_path / "train.py").write_text(script)
     return tmp_path
 
@@ -154,7 +154,10 @@ def fit(model, optimizer, loader, out):
 @pytest.mark.parametrize(
     ("configs", "naming", "collective"),
     [
-        ({}, False, True),  # launched with whatever config: the catalogue's collective
+        ({}, False, False),  # no config, no sharding named: Accelerate's default launch, DDP
+        ({"requirements.txt": "deepspeed>=0.14"}, False, True),  # sharding possible: not known
+        ({"README.md": "accelerate launch --use_fsdp train.py"}, False, True),
+        ({"run.sh": "accelerate launch --config_file my.yaml train.py"}, False, True),
         ({"multi_gpu.yaml": "MULTI_GPU"}, False, False),  # DDP: each process saves alone
         ({".accelerate/default_config.yaml": "'NO'"}, False, False),
         ({"multi_gpu.yaml": "MULTI_GPU"}, True, True),  # automatic naming: a barrier

@@ -101,7 +101,8 @@ def _repository_sharding(root: str) -> str | None:
 @functools.lru_cache(maxsize=64)
 def _repository_types(root: str) -> frozenset[str] | None:
     """The ``distributed_type`` values of the Accelerate configs under ``root``, ``NO``
-    aside; None when the repository has no Accelerate config at all."""
+    aside; with no Accelerate config at all, ``MULTI_GPU`` (Accelerate's default launch)
+    when the repository names no sharding library, else None (not known)."""
     kinds: set[str] = set()
     configs = 0
     for _, text in text_files(root, (".yaml", ".yml")):
@@ -114,7 +115,26 @@ def _repository_types(root: str) -> frozenset[str] | None:
         for kind in _launched_types(text):
             configs += 1
             kinds.add(kind)
-    return frozenset(kinds) if configs else None
+    if configs:
+        return frozenset(kinds)
+    return None if _mentions_sharding(root) else frozenset({"MULTI_GPU"})
+
+
+_SHARDING_WORDS = re.compile(r"deepspeed|fsdp|fully_shard|megatron", re.IGNORECASE)
+_REPOSITORY_TEXTS = (".py", ".yaml", ".yml", ".json", ".sh", ".md", ".txt", ".toml", ".cfg")
+
+
+def _mentions_sharding(root: str) -> bool:
+    """Whether any text file of the repository names DeepSpeed, FSDP or Megatron, or an
+    ``accelerate launch --config_file`` (a config the repository does not ship). A
+    repository that ships no Accelerate config and names none of them is launched with
+    Accelerate's defaults (``accelerate launch`` on several GPUs: ``MULTI_GPU``, DDP);
+    sharding would need a config or plugin the repository does not have."""
+    texts = text_files(root, _REPOSITORY_TEXTS)
+    return any(_SHARDING_WORDS.search(text) or _CONFIG_FLAG.search(text) for _, text in texts)
+
+
+_CONFIG_FLAG = re.compile(r"accelerate\s+launch\b[^\n]*--config[_-]file")  # one not shipped
 
 
 _LAUNCH_FLAGS = (
@@ -144,8 +164,8 @@ def _launched_types(text: str) -> list[str]:
 
 def accelerate_unsharded(facts: ModuleFacts) -> bool:
     """The file's Accelerator is known not to shard: no plugin in the file, and the
-    repository's Accelerate configs, of which there is at least one, name no FSDP,
-    DeepSpeed or Megatron type (``MULTI_GPU``, ``NO``): DDP or one process."""
+    repository's Accelerate configs name no FSDP, DeepSpeed or Megatron type (``MULTI_GPU``,
+    ``NO``), or there is none and nothing in the repository names one: DDP or one process."""
     if accelerate_sharding(facts) is not None or facts.path in ("", "<string>"):
         return False
     plugins = ("fsdp_plugin", "deepspeed_plugin", "megatron_lm_plugin")
