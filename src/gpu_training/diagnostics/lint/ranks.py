@@ -37,6 +37,7 @@ from gpu_training.diagnostics.lint.collectives import (
     direct_collective,
     switched_off,
 )
+from gpu_training.diagnostics.lint.early_ranks import rank_read_before_group
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.handles import appended_by_rank0_only, one_literal_path
 from gpu_training.diagnostics.lint.log_files import truncated_log_file
@@ -438,7 +439,7 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         return None
     if facts.mentions_rank(call) or private_temp_path(facts, path, scope):
         return None  # one file per rank, or a private temporary file
-    if rank_in_value(facts, path, scope):
+    if rank_in_value(facts, path, scope) and not rank_read_before_group(facts, path, scope):
         return None  # save_path = f"ckpt.rank{rank}"; torch.save(state, save_path)
     if dotted(path) == "os.devnull" or facts.kinds(path, scope) & {"buffer"}:
         return None
