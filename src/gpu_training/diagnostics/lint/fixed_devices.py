@@ -25,7 +25,7 @@ import ast
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.group_rank import literal_group_rank
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
-from gpu_training.diagnostics.lint.single_gpu import one_visible_gpu
+from gpu_training.diagnostics.lint.single_gpu import one_gpu_per_process
 
 __all__ = ["fixed_ddp_devices"]
 
@@ -44,7 +44,7 @@ def fixed_ddp_devices(facts: ModuleFacts, calls: list[ast.Call]) -> list[tuple[a
         that, whose ``output_device`` is one); nothing when the file runs one process per
         machine or narrows ``CUDA_VISIBLE_DEVICES`` per process.
     """
-    if literal_group_rank(facts) or _narrows_visible_devices(facts) or one_visible_gpu(facts):
+    if literal_group_rank(facts) or _narrows_visible_devices(facts) or one_gpu_per_process(facts):
         return []
     found: list[tuple[ast.expr, str]] = []
     for call in calls:

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 import shlex
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from gpu_training.diagnostics.lint.roots import find_project_root
 
-__all__ = ["multi_process_launches", "repository_of", "text_files"]
+__all__ = ["multi_process_launches", "one_process_per_node", "repository_of", "text_files"]
 
 _SKIP_DIRS = frozenset({"node_modules", "site-packages", "tests", "test", "__pycache__"})
 _MAX_BYTES = 1 << 20
@@ -91,3 +92,26 @@ def multi_process_launches(root: str) -> frozenset[str]:
                     names.add(base)
                     break
     return frozenset(names)
+
+
+@functools.lru_cache(maxsize=64)
+def one_process_per_node(root: str) -> bool:
+    """Every launcher command of the repository's shell scripts (``torchrun``, ``deepspeed``,
+    ``accelerate launch``, ``python -m torch.distributed.launch``) asks for one process per
+    machine (``--nproc_per_node=1``, ``deepspeed --num_gpus 1 --num_nodes 2``), and there is at
+    least one: the repository's layout is one GPU per node, so each process's ``cuda:0`` is its
+    own machine's GPU (``deepspeed --num_gpus 1`` even hides the others)."""
+    commands = 0
+    for _, text in text_files(root, (".sh", ".bash", ".slurm")):
+        for command in text.replace("\\\n", " ").splitlines():
+            words = command.split("#", 1)[0].split()
+            bases = [w.rsplit("/", 1)[-1] for w in words]
+            launched = any(b in _LAUNCHERS for b in bases) or any(
+                a == "accelerate" and b == "launch" for a, b in itertools.pairwise(bases)
+            )
+            if not launched or not any(b.endswith(".py") for b in bases):
+                continue
+            if not _SINGLE.search(command):
+                return False
+            commands += 1
+    return commands > 0

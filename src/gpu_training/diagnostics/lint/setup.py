@@ -52,7 +52,7 @@ from gpu_training.diagnostics.lint.returned_state import (
     unpacked_from_local_call,
 )
 from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
-from gpu_training.diagnostics.lint.single_gpu import one_visible_gpu
+from gpu_training.diagnostics.lint.single_gpu import one_gpu_per_process
 from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
 from gpu_training.diagnostics.lint.state_saves import state_dict_calls
 from gpu_training.diagnostics.lint.unread import never_read
@@ -143,7 +143,7 @@ class SetupRules:
             self._optimizer_lr(call, name, last, scope)
         if self.distributed and not one_process:  # a one-process path picks its own GPU
             # one process per machine, or one visible GPU (one process): its cuda:0
-            if not (literal_group_rank(self.facts) or one_visible_gpu(self.facts)):
+            if not (literal_group_rank(self.facts) or one_gpu_per_process(self.facts)):
                 self._cuda_device(call, last, method)
             self._device_from_rank(call, name, last, method, scope)
 

@@ -25,13 +25,27 @@ Example:
 from __future__ import annotations
 
 import ast
+import os
 
 from gpu_training.diagnostics.lint.calls import tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
+from gpu_training.diagnostics.lint.repo_files import one_process_per_node, repository_of
 
-__all__ = ["one_visible_gpu"]
+__all__ = ["one_gpu_per_process", "one_visible_gpu"]
 
 _VARIABLE = "CUDA_VISIBLE_DEVICES"
+
+
+def one_gpu_per_process(facts: ModuleFacts) -> bool:
+    """The file's processes each have one GPU of their own: :func:`one_visible_gpu`, or the
+    repository launches every script one process per node
+    (:func:`~gpu_training.diagnostics.lint.repo_files.one_process_per_node`), so a fixed
+    ``cuda:0`` is each process's own machine's GPU, not one GPU every rank shares (``GT002``)."""
+    if one_visible_gpu(facts):
+        return True
+    if facts.path in ("", "<string>"):
+        return False
+    return one_process_per_node(repository_of(os.path.abspath(facts.path)))
 
 
 def one_visible_gpu(facts: ModuleFacts) -> bool:
