@@ -45,6 +45,7 @@ from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
 from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
 from gpu_training.diagnostics.lint.loaders import feeds_training
 from gpu_training.diagnostics.lint.locality import guard_locality
+from gpu_training.diagnostics.lint.mode_choices import named_mode_beside_ddp
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.rank_equal import equal_sides, fstring_values
 from gpu_training.diagnostics.lint.returned_state import (
@@ -120,6 +121,7 @@ class SetupRules:
             and not main_block_smoke_test(self.facts.tree, call, trains=self.trains)
             and not infers_only(self.facts, call, scope)
             and not in_unlaunched_branch(scope.node, call)
+            and not named_mode_beside_ddp(scope.node, call)
         ):
             self.report(call, "GT001", "one process, one thread per GPU")
         if last == "DataLoader":
