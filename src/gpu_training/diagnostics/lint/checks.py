@@ -62,6 +62,7 @@ from gpu_training.diagnostics.lint.epochs import (
     unset_shuffling_sampler,
 )
 from gpu_training.diagnostics.lint.file_rules import whole_file_rules
+from gpu_training.diagnostics.lint.frameworks import file_framework
 from gpu_training.diagnostics.lint.guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
@@ -96,7 +97,6 @@ __all__ = ["FileChecker"]
 
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
-_FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
 _FABRIC_START = frozenset(
     {"launch", "setup", "setup_module", "setup_dataloaders", "setup_optimizers"}
 )
@@ -136,7 +136,7 @@ class FileChecker:
         self.tails = {tail(call_name(c, self.imports)) for c in self.all_calls}
         names = [call_name(c, self.imports) for c in self.all_calls]
         spawn = any("multiprocessing" in n and n.endswith("spawn") for n in names)
-        self.framework = next((_FRAMEWORKS[t] for t in self.tails if t in _FRAMEWORKS), None)
+        self.framework = file_framework(self.tails, facts)
         if self.framework == "fabric" and not self.tails & _FABRIC_START:
             # a Fabric never launched nor set up starts no processes and no group: one
             # process that only borrows Fabric's loggers or precision plugin

@@ -1,0 +1,46 @@
+"""Which launcher framework a file trains with: Accelerate or Fabric, made in the file or by a
+helper of the project.
+
+``Accelerator(...)`` (or ``PartialState()``) and ``Fabric(...)`` name the framework where the
+file builds them. A project often builds its ``Accelerator`` in a helper of another module
+(``accelerator = init_accelerator(args)`` with ``def init_accelerator(args): return
+Accelerator(gradient_accumulation_steps=...)``); the object the training loop calls
+``prepare``/``backward`` on is the same, and so are its rules (``GT013``: a backward outside
+``accelerator.accumulate()`` all-reduces on every micro-batch). The helper is read through its
+summary: the kinds of what it returns.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> file_framework({"Accelerator", "prepare"}, ModuleFacts(ast.parse("a = Accelerator()")))
+    'accelerate'
+    >>> file_framework({"init_accelerator"}, ModuleFacts(ast.parse("a = init_accelerator()")))
+"""
+
+from __future__ import annotations
+
+from gpu_training.diagnostics.lint.model import ModuleFacts
+
+__all__ = ["file_framework"]
+
+_FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
+_RETURNED = {"accelerator": "accelerate", "fabric": "fabric"}
+"""The kinds a project helper may return, by framework."""
+
+
+def file_framework(tails: set[str], facts: ModuleFacts) -> str | None:
+    """``"accelerate"``/``"fabric"`` when the file builds that framework's object, or calls a
+    helper of the project that returns one; ``None`` otherwise.
+
+    Args:
+        tails: The last names of the file's calls.
+        facts: The file's facts (its calls' project helpers).
+    """
+    found = next((_FRAMEWORKS[t] for t in sorted(tails) if t in _FRAMEWORKS), None)
+    if found is not None:
+        return found
+    for call in facts.calls:
+        for summary in facts.summaries(call):
+            for kind in sorted(summary.returns & _RETURNED.keys()):
+                return _RETURNED[kind]
+    return None
