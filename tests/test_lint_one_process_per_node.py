@@ -96,3 +96,10 @@ def test_no_launch_script_keeps_the_finding(tmp_path: Path) -> None:
 
 def test_a_script_that_is_not_a_launcher_says_nothing(tmp_path: Path) -> None:
     assert _gt002(tmp_path, _SEND_RECV, "python train.py --nproc_per_node 1") == [8, 11]
+
+
+def test_a_multi_gpu_launch_of_a_script_given_by_a_variable(tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node=${2:-4} ${1:-example.py}`` launches several processes per
+    node, whichever script it is handed: the repository is not one process per node."""
+    launch = _ONE_PER_NODE[1] + "\ntorchrun --nnodes=1 --nproc_per_node=${2:-4} ${1:-example.py}"
+    assert _gt002(tmp_path, _SEND_RECV, launch) == [8, 11]

@@ -109,7 +109,7 @@ def one_process_per_node(root: str) -> bool:
             launched = any(b in _LAUNCHERS for b in bases) or any(
                 a == "accelerate" and b == "launch" for a, b in itertools.pairwise(bases)
             )
-            if not launched or not any(b.endswith(".py") for b in bases):
+            if not launched:  # a script given by a variable (`${1:-train.py}`) counts too
                 continue
             if not _SINGLE.search(command):
                 return False
