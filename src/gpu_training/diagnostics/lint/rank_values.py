@@ -8,7 +8,7 @@ some caller passes a rank-built value.
 Example:
     >>> import ast
     >>> from gpu_training.diagnostics.lint.model import ModuleFacts
-    >>> facts = ModuleFacts(ast.parse("suffix = f'-{rank}'\npath = 'log' + suffix\n"))
+    >>> facts = ModuleFacts(ast.parse("suffix = f'-{rank}'\\npath = 'log' + suffix\\n"))
     >>> rank_in_value(facts, ast.parse("path", mode="eval").body, facts.module_scope)
     True
 """
