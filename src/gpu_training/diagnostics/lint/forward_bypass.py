@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 
 from gpu_training.diagnostics.lint.calls import tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.sharded_models import names_returned_by
 
 __all__ = ["bypassed_forwards", "bypassing_parameters", "passed_bypasses"]
 
@@ -163,34 +164,11 @@ def _is_ddp(facts: ModuleFacts, expr: ast.expr, scope: Scope, prepared: bool) ->
             continue
         if facts.kinds(value, scope) & {"ddp"}:
             return True
-    return prepared and key is not None and key in _names_from(facts, ("prepare",))
-
-
-def _names_from(facts: ModuleFacts, methods: tuple[str, ...]) -> frozenset[str]:
-    """Every name the result of one of ``methods`` of an Accelerator or a Fabric
-    (``accelerator.prepare``, ``fabric.setup``) is assigned or unpacked into, in the module."""
-    key = ("gt020-names-from", methods)
-    cached = facts.memo.get(key)
-    if isinstance(cached, frozenset):
-        return cached
-    names: set[str] = set()
-    for node in facts.nodes:
-        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
-            continue
-        func = node.value.func
-        if not isinstance(func, ast.Attribute) or func.attr not in methods:
-            continue
-        owner = facts.kinds(func.value, facts.scope_containing(node))
-        if not owner & {"accelerator", "fabric"} and "fabric" not in ast.unparse(func.value):
-            continue
-        for target in node.targets:
-            names.update(
-                k
-                for sub in ast.walk(target)
-                if isinstance(sub, (ast.Name, ast.Attribute)) and (k := dotted(sub))
-            )
-    result = facts.memo[key] = frozenset(names)
-    return result
+    return (
+        prepared
+        and key is not None
+        and key in names_returned_by(facts, ("prepare",), "accelerator")
+    )
 
 
 def _runs_wrapper(facts: ModuleFacts, scope: Scope, wrapper: str) -> bool:
@@ -315,7 +293,7 @@ def _fabric_methods(facts: ModuleFacts) -> Iterator[tuple[ast.Call, str]]:
             key = dotted(func.value)
             if key is None or _runs_wrapper(facts, scope, key):
                 continue
-            if key in _names_from(facts, ("setup", "setup_module")):
+            if key in names_returned_by(facts, ("setup", "setup_module"), "fabric"):
                 yield call, f"{ast.unparse(call.func)}() runs the module past Fabric's wrapper"
 
 

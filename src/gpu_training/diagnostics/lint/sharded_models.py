@@ -38,6 +38,7 @@ import ast
 import functools
 import os
 import re
+from collections.abc import Iterator
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -267,7 +268,16 @@ def _auto_wrapped(expr: ast.expr, scope: Scope, facts: ModuleFacts, depth: int) 
 def _prepared(facts: ModuleFacts) -> frozenset[str]:
     """The names bound to what an Accelerator's ``prepare(...)`` returns (``model, opt, loader
     = accelerator.prepare(...)``; ``self.model = ...``)."""
-    cached = facts.memo.get("accelerate-prepared")
+    return names_returned_by(facts, ("prepare",), "accelerator")
+
+
+def names_returned_by(facts: ModuleFacts, methods: tuple[str, ...], owner: str) -> frozenset[str]:
+    """Every name the result of one of ``methods`` called on an ``owner`` object (an
+    ``"accelerator"``, a ``"fabric"``: by what the receiver is bound to, or by its name) is
+    assigned or unpacked into in the module (``model, opt = accelerator.prepare(...)``,
+    ``self.model = fabric.setup(...)``)."""
+    key = ("names-returned-by", methods, owner)
+    cached = facts.memo.get(key)
     if isinstance(cached, frozenset):
         return cached
     names: set[str] = set()
@@ -275,18 +285,28 @@ def _prepared(facts: ModuleFacts) -> frozenset[str]:
         if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
             continue
         func = node.value.func
-        if not (isinstance(func, ast.Attribute) and func.attr == "prepare"):
+        if not (isinstance(func, ast.Attribute) and func.attr in methods):
             continue
         label = (dotted(func.value) or "").rsplit(".", 1)[-1].lower()
-        scope = facts.scope_containing(node)
-        if "accelerator" not in label and "accelerator" not in facts.kinds(func.value, scope):
+        if owner not in label and owner not in facts.kinds(
+            func.value, facts.scope_containing(node)
+        ):
             continue
         for target in node.targets:
-            elts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
-            names.update(k for k in (dotted(e) for e in elts) if k is not None)
-    found = frozenset(names)
-    facts.memo["accelerate-prepared"] = found
+            names.update(k for k in map(dotted, _unpacked(target)) if k is not None)
+    found = facts.memo[key] = frozenset(names)
     return found
+
+
+def _unpacked(target: ast.expr) -> Iterator[ast.expr]:
+    """The leaves of an assignment target (``a, (b, *c) = ...`` gives ``a``, ``b``, ``c``)."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _unpacked(element)
+    elif isinstance(target, ast.Starred):
+        yield from _unpacked(target.value)
+    else:
+        yield target
 
 
 def _fully_sharded(facts: ModuleFacts) -> frozenset[str]:
