@@ -30,10 +30,9 @@ Example:
 from __future__ import annotations
 
 import ast
-import contextlib
 import re
-from collections.abc import Iterator
 
+from gpu_training.diagnostics.lint.answers import answers
 from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
 from gpu_training.diagnostics.lint.env_tests import launcher_variable_test
 from gpu_training.diagnostics.lint.fallbacks import SINGLE_PROCESS_ATTRS, fallback_kind, means_group
@@ -63,7 +62,6 @@ __all__ = [
     "rank_zero_decorator",
     "single_process",
     "single_rank",
-    "uncached",
 ]
 
 GUARD_RANK0 = "rank0"
@@ -110,7 +108,7 @@ _MAX_ATTRIBUTE_VALUES = 8  # an attribute assigned in more places than this is n
 def _classify(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: int) -> str | None:
     if depth > 8:
         return None
-    cache = facts.guard_cache if not _UNCACHED else _UNCACHED[-1]
+    cache = answers(facts.guard_cache)
     cached = cache.get(id(test), _MISSING)
     if cached != _MISSING:
         return cached
@@ -118,20 +116,6 @@ def _classify(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: int) -> s
     kind = _classify_uncached(facts, test, scope, depth)
     cache[id(test)] = kind
     return kind
-
-
-_UNCACHED: list[dict[int, str | None]] = []
-
-
-@contextlib.contextmanager
-def uncached() -> Iterator[None]:
-    """Classify without touching the modules' guard caches: a function summarised in the
-    middle of a walk sees what the walk has learnt so far, which must not outlive it."""
-    _UNCACHED.append({})
-    try:
-        yield
-    finally:
-        _UNCACHED.pop()
 
 
 def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: int) -> str | None:

@@ -31,6 +31,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpu_training.diagnostics.lint.answers import answers
+from gpu_training.diagnostics.lint.kind_calls import CALL_KINDS as _CALL_KINDS
+from gpu_training.diagnostics.lint.kind_calls import PASSTHROUGH_METHODS as _PASSTHROUGH_METHODS
+
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.summary import FuncRef, Resolver, Summary
 
@@ -40,45 +44,6 @@ __all__ += ["iter_scope_nodes", "mentions_rank"]
 
 _Pos = tuple[int, int]
 
-# Calls whose result is (or wraps) a known kind of object, by the callee's last name part.
-_CALL_KINDS: dict[str, str] = {
-    "DistributedDataParallel": "ddp",
-    "DDP": "ddp",
-    "DataParallel": "dp",
-    "FullyShardedDataParallel": "fsdp",
-    "FSDP": "fsdp",
-    "fully_shard": "fsdp",
-    "DistributedSampler": "dist_sampler",
-    "make_distributed_sampler": "dist_sampler",
-    "GlobalBatchSampler": "dist_sampler",
-    "RandomSampler": "local_sampler",
-    "SequentialSampler": "local_sampler",
-    "WeightedRandomSampler": "local_sampler",
-    "SubsetRandomSampler": "local_sampler",
-    "DataLoader": "loader",
-    "Accelerator": "accelerator",
-    "Fabric": "fabric",
-    "GradScaler": "scaler",
-    "ShardedGradScaler": "scaler",
-    "CheckpointManager": "ckpt_manager",
-    "getLogger": "logger",
-    "get_logger": "logger",
-    "SummaryWriter": "writer",
-    "MixedPrecisionStepper": "amp_stepper",
-    "MixedPrecisionTrainer": "amp_stepper",
-    "linear_warmup_cosine_lr": "scheduler",
-    "open": "file",
-    "mkdtemp": "tempfile",
-    "mkstemp": "tempfile",
-    "NamedTemporaryFile": "tempfile",
-    "TemporaryDirectory": "tempfile",
-    "gettempdir": "tempfile",
-    "BytesIO": "buffer",
-}
-# Methods that return their receiver (or a same-kind object): the kind passes through.
-_PASSTHROUGH_METHODS = frozenset(
-    {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_"}
-)
 RANK_ATTRS = frozenset({"process_index", "local_process_index"})  # Accelerate's ranks
 _RANK_ENV = frozenset({"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "PMI_RANK"})
 RANK_CALLS = frozenset({"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank"})
@@ -495,6 +460,14 @@ class ModuleFacts:
         """
         if expr is None or depth > 12:
             return frozenset()
+        kept = answers(self.memo)  # a name rebound many times: each binding once per depth
+        key = ("kinds", id(expr), id(scope.node), depth)
+        known = kept.get(key)
+        if not isinstance(known, frozenset):
+            known = kept[key] = self._kinds(expr, scope, depth)
+        return known
+
+    def _kinds(self, expr: ast.AST, scope: Scope, depth: int) -> frozenset[str]:
         if isinstance(expr, ast.Constant):
             is_number = isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
             return frozenset({"number"}) if is_number else frozenset()

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from gpu_training.diagnostics.lint.answers import uncached
 from gpu_training.diagnostics.lint.calls import tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS, direct_collective
 from gpu_training.diagnostics.lint.epochs import shuffling_sampler
@@ -42,7 +43,6 @@ from gpu_training.diagnostics.lint.guards import (
     mentions_main_or_rank,
     rank_derived,
     single_process,
-    uncached,
 )
 from gpu_training.diagnostics.lint.helper_loaders import returns_unsharded_loader
 from gpu_training.diagnostics.lint.model import (

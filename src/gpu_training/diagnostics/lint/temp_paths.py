@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 
+from gpu_training.diagnostics.lint.answers import answers
 from gpu_training.diagnostics.lint.calls import keyword_arg
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
 
@@ -53,6 +54,16 @@ def private_temp_path(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: i
         return True
     if depth > _MAX_DEPTH:
         return False
+    kept = answers(facts.memo)  # a path rebound many times: each binding once per depth
+    key = ("private-temp-path", id(expr), id(scope.node), depth)
+    known = kept.get(key)
+    if not isinstance(known, bool):
+        kept[key] = False  # a name bound to itself: no temporary path along this way
+        known = kept[key] = _names_with_temp(facts, expr, scope, depth)
+    return known
+
+
+def _names_with_temp(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int) -> bool:
     for node in ast.walk(expr):
         if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
             continue
