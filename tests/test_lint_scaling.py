@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+from typing import Any
 
 import pytest
 
@@ -22,38 +23,35 @@ from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
 
 
+def _counted(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """Count the calls of ``owner.name`` (a function, or a method of a class): ``[n]``."""
+    inner = getattr(owner, name)
+    calls = [0]
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return inner(*args)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def test_a_name_rebound_many_times_is_followed_once_per_binding(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = 0
-    inner = rank_values._names_with_rank
-
-    def counted(*args: object) -> bool:
-        nonlocal calls
-        calls += 1
-        return inner(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(rank_values, "_names_with_rank", counted)
+    calls = _counted(monkeypatch, rank_values, "_names_with_rank")
     lines = ["p = 'a'"] + [f"if flag{i}:\n    p = p + '{i}'" for i in range(30)]
     lines += ["q = p + '.log'", "r = f'{q}-{rank}'"]
     facts = ModuleFacts(ast.parse("\n".join(lines) + "\n"))
     read = ast.parse("q", mode="eval").body
     assert not rank_values.rank_in_value(facts, read, facts.module_scope)
-    assert calls < 32 * 8  # each binding once per depth; unbounded, 31**6 calls
+    assert calls[0] < 32 * 8  # each binding once per depth; unbounded, 31**6 calls
     read = ast.parse("r", mode="eval").body
     assert rank_values.rank_in_value(facts, read, facts.module_scope)
 
 
 def test_same_named_classes_walk_their_ancestors_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = 0
-    inner = om._Classes.parents
-
-    def counted(self: om._Classes, cls: ast.ClassDef) -> list[ast.ClassDef]:
-        nonlocal calls
-        calls += 1
-        return inner(self, cls)
-
-    monkeypatch.setattr(om._Classes, "parents", counted)
+    calls = _counted(monkeypatch, om._Classes, "parents")
     project = Project()
     for copy in range(6):  # six vendored copies of one class hierarchy
         chain = "class Block:\n    pass\n" + "".join(
@@ -62,7 +60,7 @@ def test_same_named_classes_walk_their_ancestors_once(monkeypatch: pytest.Monkey
         )
         project.add(f"copy{copy}/model.py", ast.parse(chain))
     assert om.single_process_methods(project) == {}
-    assert calls < 6 * 9 * 9  # each class's levels once; unbounded, 6**7 per class
+    assert calls[0] < 6 * 9 * 9  # each class's levels once; unbounded, 6**7 per class
 
 
 def _thirty_rebinds(last: str) -> ModuleFacts:
@@ -74,19 +72,11 @@ def _thirty_rebinds(last: str) -> ModuleFacts:
 def test_a_path_rebound_many_times_is_followed_once_per_binding(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = 0
-    inner = temp_paths._names_with_temp
-
-    def counted(*args: object) -> bool:
-        nonlocal calls
-        calls += 1
-        return inner(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(temp_paths, "_names_with_temp", counted)
+    calls = _counted(monkeypatch, temp_paths, "_names_with_temp")
     facts = _thirty_rebinds("q = p + '.log'")
     read = ast.parse("q", mode="eval").body
     assert not temp_paths.private_temp_path(facts, read, facts.module_scope)
-    assert calls < 32 * 6  # each binding once per depth; unbounded, 31**4 calls
+    assert calls[0] < 32 * 6  # each binding once per depth; unbounded, 31**4 calls
     facts = _thirty_rebinds("t = tempfile.mkdtemp()\np = t + p")
     read = ast.parse("p + '.log'", mode="eval").body
     assert temp_paths.private_temp_path(facts, read, facts.module_scope)
@@ -96,21 +86,13 @@ def test_a_path_rebound_many_times_is_followed_once_per_binding(
 def test_what_a_value_is_is_asked_once_per_binding(
     monkeypatch: pytest.MonkeyPatch, summarising: bool
 ) -> None:
-    calls = 0
-    inner = ModuleFacts._kinds
-
-    def counted(self: ModuleFacts, *args: object) -> frozenset[str]:
-        nonlocal calls
-        calls += 1
-        return inner(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ModuleFacts, "_kinds", counted)
+    calls = _counted(monkeypatch, ModuleFacts, "_kinds")
     source = "n = 1\n" + "n = n * n + n * n\n" * 30 + "m = 2 + 3\nm = m * m\n"
     facts = ModuleFacts(ast.parse(source))
     read = ast.parse("n", mode="eval").body
     with uncached() if summarising else contextlib.nullcontext():
         assert facts.kinds(read, facts.module_scope) == frozenset()  # past the depth bound
-        assert calls < 60  # each value once per depth; without kept answers, 596 calls
+        assert calls[0] < 60  # each value once per depth; without kept answers, 596 calls
         read = ast.parse("m", mode="eval").body
         assert facts.kinds(read, facts.module_scope) == {"number"}
     assert bool(facts.memo) is not summarising  # kept in the summary's scratch, not the module
