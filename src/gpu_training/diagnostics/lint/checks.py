@@ -368,8 +368,8 @@ class FileChecker:
         value = stmt.value
         if isinstance(value, ast.Constant) and value.value is None:
             return
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        for target in list(targets):
+        targets = list(stmt.targets) if isinstance(stmt, ast.Assign) else [stmt.target]
+        for target in list(targets):  # a copy: the statement's own list stays as parsed
             if isinstance(target, (ast.Tuple, ast.List)):  # best, epoch = saver.save(...)
                 targets += target.elts
         for target in targets:

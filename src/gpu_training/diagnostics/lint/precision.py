@@ -32,79 +32,17 @@ from __future__ import annotations
 
 import ast
 
+from gpu_training.diagnostics.lint.bf16_models import conversion, dtype_of, scope_dtypes
 from gpu_training.diagnostics.lint.calls import is_const, keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.sharded_models import accelerate_unsharded
 
 __all__ = ["bf16_adam", "conversion", "scalers_with_bf16"]
 
 _ADAM = frozenset({"Adam", "AdamW"})
-_FP32 = frozenset({"float32", "float"})
 _UPCASTING_PLUGINS = frozenset({"FullyShardedDataParallelPlugin", "DeepSpeedPlugin"})
 _DEEPSPEED_MARKS = frozenset({"deepspeed_plugin", "DEEPSPEED"})
 _DUMMIES = frozenset({"DummyOptim", "DummyScheduler"})
-_SAME_MODULE = frozenset({"to", "cuda", "train", "eval", "requires_grad_", "to_empty"})
-"""Methods that return the module itself (a ``.to(torch.float32)`` among them is a conversion
-of its own, read at that call)."""
-
-
-def _dtype(expr: ast.expr | None, facts: ModuleFacts, depth: int = 0) -> str | None:
-    """``"bfloat16"`` for ``torch.bfloat16`` (or ``"bf16"``), ``"float32"``…, through a name
-    bound to one of them (every binding of the name agrees); None: unknown."""
-    if expr is None:
-        return None
-    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
-        return {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32"}.get(expr.value)
-    name = facts.imports.resolve(dotted(expr)) or ""
-    if name.startswith("torch."):
-        return name.rsplit(".", 1)[-1]
-    if isinstance(expr, ast.Name) and depth < 2:  # `dtype = torch.bfloat16` ... `torch_dtype=dtype`
-        values = facts.lookup_all(expr.id, facts.scope_containing(expr))  # every branch's
-        kinds = {_dtype(v, facts, depth + 1) for v in values}
-        if len(kinds) == 1 and values and all(v is not None for v in values):
-            return kinds.pop()
-    return None
-
-
-def conversion(call: ast.Call, facts: ModuleFacts) -> tuple[str, ast.expr] | None:
-    """``x.to(torch.bfloat16)``/``x.bfloat16()`` → ``("bfloat16", x)``; ``x.float()`` →
-    ``("float32", x)``; ``from_pretrained(..., torch_dtype=torch.bfloat16)`` → bfloat16 of the
-    call itself."""
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        if func.attr == "bfloat16" and not call.args:
-            return "bfloat16", func.value
-        if func.attr == "float" and not call.args:
-            return "float32", func.value
-        if func.attr == "to":
-            dtype = keyword_arg(call, "dtype")
-            candidates = [dtype] if dtype is not None else list(call.args)
-            for candidate in candidates:
-                kind = _dtype(candidate, facts)
-                if kind == "bfloat16" or kind in _FP32:
-                    return ("bfloat16" if kind == "bfloat16" else "float32"), func.value
-        if func.attr in ("from_pretrained", "from_config"):
-            kind = _dtype(keyword_arg(call, "torch_dtype") or keyword_arg(call, "dtype"), facts)
-            if kind == "bfloat16":
-                return "bfloat16", call
-    return None
-
-
-def _bound_name(call: ast.Call, parents: dict[int, ast.AST]) -> str | None:
-    """The name a call's value is assigned to (``model = Net().to(torch.bfloat16)``), through
-    the methods that hand the same module back in the same dtype (``from_pretrained(...,
-    torch_dtype=torch.bfloat16).to("cuda")``, ``.cuda()``, ``.train()``)."""
-    value: ast.expr = call
-    parent = parents.get(id(value))
-    while isinstance(parent, ast.Attribute) and parent.attr in _SAME_MODULE:
-        outer = parents.get(id(parent))
-        if not (isinstance(outer, ast.Call) and outer.func is parent):
-            return None
-        value, parent = outer, parents.get(id(outer))
-    if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
-        return dotted(parent.targets[0])
-    if isinstance(parent, ast.AnnAssign):
-        return dotted(parent.target)
-    return None
 
 
 def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0) -> set[str]:
@@ -117,7 +55,7 @@ def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0)
             if key is None:
                 continue
             found.add(key)
-            if isinstance(node, ast.Name) and depth < 3:
+            if (isinstance(node, ast.Name) or key.startswith("self.")) and depth < 3:
                 for value in facts.lookup(key, scope, (node.lineno, node.col_offset)):
                     if value is not None and value is not expr:
                         found |= _mentioned(value, facts, scope, depth + 1)
@@ -128,7 +66,11 @@ def _runs_under_deepspeed(facts: ModuleFacts) -> bool:
     """The file is written to run under Accelerate's DeepSpeed backend, chosen by the launch
     config: it reads ``accelerator.state.deepspeed_plugin``, compares the distributed type
     with ``DistributedType.DEEPSPEED``, or builds ``DummyOptim``/``DummyScheduler`` (which
-    stand in for the optimizer of a DeepSpeed config)."""
+    stand in for the optimizer of a DeepSpeed config). Not when the repository's Accelerate
+    configs all launch without DeepSpeed (``distributed_type: MULTI_GPU``): the comparison is
+    then boilerplate of a save hook that never takes the DeepSpeed branch."""
+    if accelerate_unsharded(facts):
+        return False
     for node in facts.nodes:
         if isinstance(node, ast.Attribute) and node.attr in _DEEPSPEED_MARKS:
             return True
@@ -162,47 +104,31 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
             for c in calls
             if tail(call_name(c, facts.imports)) == "set_default_dtype"
             and c.args
-            and _dtype(c.args[0], facts) == "bfloat16"
+            and dtype_of(c.args[0], facts) == "bfloat16"
         ),
         None,
     )
-    parents = {id(child): node for node in facts.nodes for child in ast.iter_child_nodes(node)}
     found: list[tuple[ast.Call, str]] = []
     for scope_node, nodes in facts.scope_nodes.items():
-        scope_calls = [n for n in nodes if isinstance(n, ast.Call)]
-        bf16: dict[str, ast.Call] = {}
-        fp32: set[str] = set()
-        for call in scope_calls:
-            converted = conversion(call, facts)
-            if converted is None:
-                continue
-            kind, target = converted
-            names_of = {dotted(target), _bound_name(call, parents)} - {None}
-            if isinstance(target, ast.Call):  # `Net().to(torch.bfloat16)` bound to a name
-                names_of = {_bound_name(call, parents)} - {None}
-            for name in names_of:
-                assert name is not None
-                if kind == "bfloat16":
-                    bf16.setdefault(name, call)
-                else:
-                    fp32.add(name)
-        for call in scope_calls:
-            name = call_name(call, facts.imports)
-            if not (name.startswith("torch.optim.") and tail(name) in _ADAM):
-                continue
+        adams = [
+            (call, name)
+            for call in nodes
+            if isinstance(call, ast.Call)
+            and (name := call_name(call, facts.imports)).startswith("torch.optim.")
+            and tail(name) in _ADAM
+        ]
+        if not adams:
+            continue
+        bf16, fp32 = scope_dtypes(facts, scope_node)
+        for call, name in adams:
             params = call.args[0] if call.args else keyword_arg(call, "params")
             if params is None:
                 continue
             mentioned = _mentioned(params, facts, facts.scopes[scope_node])
             hit = next((m for m in sorted(bf16) if m in mentioned and m not in fp32), None)
             if hit is not None:
-                conv = bf16[hit]
                 found.append(
-                    (
-                        call,
-                        f"{hit} is bfloat16 (line {conv.lineno}: {ast.unparse(conv)[:60]}); "
-                        f"{tail(name)} keeps no fp32 copy",
-                    )
+                    (call, f"{hit} is bfloat16 ({bf16[hit]}); {tail(name)} keeps no fp32 copy")
                 )
             elif default_bf16 is not None and not bf16 and not fp32:
                 found.append(
