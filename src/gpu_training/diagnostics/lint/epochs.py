@@ -101,8 +101,12 @@ def _bound_by(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
 
 def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     """Whether a ``for`` loop's iterable is a data loader (through ``enumerate``, ``tqdm``…,
-    and a name bound to one of those: ``pbar = tqdm(loader)``)."""
+    and a name bound to one of those: ``pbar = tqdm(loader)``), or counts its batches
+    (``for _ in range(len(loader)): batch = next(it)``: one pass over the loader)."""
     expr = _loop_source(expr)
+    counted = _counted(expr)
+    if counted is not None:
+        return iterates_loader(counted, scope, facts)
     if "loader" in facts.kinds(expr, scope) or "loader" in tail(dotted(expr)).lower():
         return True
     key = dotted(expr) if isinstance(expr, ast.Name) else None
@@ -188,7 +192,42 @@ def loops_without_set_epoch(
         ]
         inner = {id(n) for loop in kept for n in ast.walk(loop) if n is not loop}
         return [loop for loop in kept if id(loop) not in inner]  # the batch loop inside: one
+    if not tails & {"set_epoch", "train_one_epoch"}:
+        return [loop for loop in dict.fromkeys(epoch_loops) if _reads_object_loader(facts, loop)]
     return []
+
+
+def _reads_object_loader(facts: ModuleFacts, loop: ast.stmt) -> bool:
+    """An epoch loop whose batch loop passes over a loader held by an object of a project
+    class (``data = Data(cfg)`` ... ``for _ in range(len(data.train_loader))``) whose methods
+    build a shuffling distributed sampler and never set its epoch: the loader the class
+    keeps (``self.train_loader = DataLoader(..., sampler=...)``) is that sampler's."""
+    scope = facts.scope_containing(loop)
+    for inner in iter_scope_nodes(getattr(loop, "body", [])):
+        if not isinstance(inner, (ast.For, ast.AsyncFor)):
+            continue
+        source = _loop_source(inner.iter)
+        source = _counted(source) or source
+        if not isinstance(source, ast.Attribute) or EVAL_NAME.search(source.attr):
+            continue
+        if not isinstance(source.value, ast.Name):
+            continue
+        for value in facts.lookup_all(source.value.id, scope):
+            if not isinstance(value, ast.Call):
+                continue
+            for module, func in facts.callees(value):
+                cls = module.scope_of(func).cls
+                if func.name != "__init__" or cls is None or module.resolver is None:
+                    continue
+                methods = [
+                    m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                ]
+                summaries = [module.resolver.summary((module, m)) for m in methods]
+                if any(s.shuffles_sampler for s in summaries) and not any(
+                    s.sets_epoch for s in summaries
+                ):
+                    return True
+    return False
 
 
 def _passes_over_project_loader(facts: ModuleFacts, loop: ast.stmt) -> bool:
@@ -245,6 +284,20 @@ def _trains(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:
         and (_is_backward(node) or any(s.trains for s in facts.summaries(node)))
         for node in iter_scope_nodes(loop.body)
     )
+
+
+def _counted(expr: ast.expr) -> ast.expr | None:
+    """``X`` of ``range(len(X))``."""
+    if (
+        isinstance(expr, ast.Call)
+        and dotted(expr.func) == "range"
+        and len(expr.args) == 1
+        and isinstance(expr.args[0], ast.Call)
+        and dotted(expr.args[0].func) == "len"
+        and len(expr.args[0].args) == 1
+    ):
+        return expr.args[0].args[0]
+    return None
 
 
 def _loop_source(expr: ast.expr) -> ast.expr:
