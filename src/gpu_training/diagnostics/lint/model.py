@@ -78,11 +78,14 @@ class Imports:
         origins: Local name → ``(module, level, symbol)`` as written, for resolving it to a
             file of the project: ``import util.misc as misc`` → ``("util.misc", 0, None)``,
             ``from .utils import f`` → ``("utils", 1, "f")``.
+        stars: ``(module, level)`` of each ``from module import *`` (a package's
+            ``__init__`` re-exporting its modules' names).
     """
 
     def __init__(self, tree: ast.AST, nodes: list[ast.AST] | None = None) -> None:
         self.names: dict[str, str] = {}
         self.origins: dict[str, tuple[str, int, str | None]] = {}
+        self.stars: list[tuple[str, int]] = []
         for node in ast.walk(tree) if nodes is None else nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -95,6 +98,8 @@ class Imports:
                         self.origins[head] = (head, 0, None)
             elif isinstance(node, ast.ImportFrom):
                 base = "." * node.level + (node.module or "")
+                if any(alias.name == "*" for alias in node.names):
+                    self.stars.append((node.module or "", node.level))
                 for alias in node.names:
                     if alias.name != "*":
                         local = alias.asname or alias.name

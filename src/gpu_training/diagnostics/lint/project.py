@@ -176,7 +176,8 @@ class Project:
             self._importers = {}
             for other in self.linted.values():
                 targets: set[Path] = set()
-                for module, level, symbol in other.imports.origins.values():
+                stars = [(m, lv, None) for m, lv in other.imports.stars]  # `from .x import *`
+                for module, level, symbol in [*other.imports.origins.values(), *stars]:
                     path = self.module_file(other.path, module, level)
                     if path is None:
                         continue
@@ -292,6 +293,12 @@ class Project:
             return []
         if first in target.imports.origins:  # a re-export: `from .distributed import is_primary`
             return self._imported(target, first, rest, depth + 1, classes)
+        for module, level in target.imports.stars:  # `from .train_utils import *`
+            found = self._member(
+                self.module_file(target.path, module, level), names, depth + 1, classes
+            )
+            if found:
+                return found
         if path.name == "__init__.py":
             return self._member(_submodule(path.parent, first), rest, depth + 1, classes)
         return []
