@@ -33,6 +33,7 @@ import ast
 from gpu_training.diagnostics.lint.calls import node_start, tail
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted, iter_scope_nodes
+from gpu_training.diagnostics.lint.never_called import in_unnamed_class
 
 __all__ = ["feeds_training", "trains_on_argument"]
 
@@ -71,6 +72,8 @@ def feeds_training(
     """
     if depth == 0 and not named_anywhere(facts, scope.node):
         return False  # built in a module-level function nothing names: it never runs
+    if depth == 0 and in_unnamed_class(facts, scope.node):
+        return False  # a method of a class no one makes an object of
     if name is None or "." in name or depth > _MAX_DEPTH:
         return True
     uses = _uses(facts, scope).get(name, [])

@@ -14,16 +14,26 @@ A function never runs when nothing in the linted project names it:
 Methods of classes with a base (``nn.Module.forward``, a Lightning hook, a Trainer
 callback), special methods and nested functions are reached in ways not followed here:
 they count as running.
+
+A method of a module-level class that nothing names (no module reads the class's name,
+imports it, derives from it or spells it in a string, and no config file of the repository
+names it, as a Hydra ``_target_`` would) never runs either, whatever its method is called:
+no object of the class is ever made (:func:`in_unnamed_class`, a data module left beside
+the ones the scripts use).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts
+from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
-__all__ = ["never_runs"]
+__all__ = ["in_unnamed_class", "never_runs"]
+
+_CONFIGS = (".yaml", ".yml", ".json", ".toml", ".cfg", ".sh")
 
 
 def _attribute_names(module: ModuleFacts) -> frozenset[str]:
@@ -65,3 +75,35 @@ def never_runs(facts: ModuleFacts, func: ast.AST) -> bool:
         return False
     modules = list(getattr(facts.resolver, "linted", {}).values()) or [facts]
     return not any(func.name in _attribute_names(module) for module in modules)
+
+
+def in_unnamed_class(facts: ModuleFacts, func: ast.AST) -> bool:
+    """Whether ``func`` is a method of a module-level class (no decorator) whose name nothing
+    in the linted project nor in the repository's config files mentions: no object of it is
+    made, so the method never runs.
+
+    Args:
+        facts: The function's module.
+        func: A ``def``.
+
+    Returns:
+        True for a method of such a class; False otherwise (and for a file not on disk).
+    """
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    owner = facts.scope_of(func).cls if func in facts.scopes else None
+    if owner is None or owner not in facts.tree.body or owner.decorator_list:
+        return False
+    if facts.path in ("", "<string>") or facts.resolver is None:
+        return False
+    modules = list(getattr(facts.resolver, "linted", {}).values()) or [facts]
+    if any(owner.name in _attribute_names(m) for m in modules):
+        return False
+    if any(
+        isinstance(node, ast.Constant) and isinstance(node.value, str) and owner.name in node.value
+        for m in modules
+        for node in m.nodes
+    ):
+        return False  # `registry["CocoDataModule"]`, `"data.CocoDataModule"`
+    root = repository_of(os.path.abspath(facts.path))
+    return not any(owner.name in text for _, text in text_files(root, _CONFIGS))
