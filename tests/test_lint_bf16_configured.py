@@ -291,3 +291,43 @@ def test_a_framework_seen_only_through_an_annotation() -> None:
     accelerate = "from accelerate import Accelerator\ndef step(acc: Accelerator):\n    pass\n"
     assert file_framework(set(), ModuleFacts(ast.parse(accelerate))) == "accelerate"
     assert file_framework(set(), ModuleFacts(ast.parse("def f(x: Fabric): pass\n"))) is None
+
+
+_OPTIMIZER_HELPER = """\
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from transformers import AutoModelForCausalLM
+
+
+def setup_model(name):
+    return AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
+
+
+def get_optimizer(model, lr):
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    return torch.optim.AdamW(params=groups, lr=lr)
+
+
+def main(loader):
+    dist.init_process_group("nccl")
+    model = setup_model("mistralai/Mistral-7B-v0.1")
+    model = FSDP(model)
+    optimizer = get_optimizer(model, 2e-5)
+    for batch in loader:
+        model(**batch).loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main([])
+"""
+
+
+def test_an_optimizer_helper_handed_a_bf16_model(tmp_path: Path) -> None:
+    assert _gt019(tmp_path, {"train.py": _OPTIMIZER_HELPER}) == [("train.py", 13)]
+
+
+def test_an_optimizer_helper_handed_an_fp32_model(tmp_path: Path) -> None:
+    fp32 = _OPTIMIZER_HELPER.replace("torch.bfloat16", "torch.float32")
+    assert _gt019(tmp_path, {"train.py": fp32}) == []

@@ -62,6 +62,28 @@ def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0)
     return found
 
 
+def _bf16_argument(facts: ModuleFacts, func: ast.AST, mentioned: set[str]) -> str | None:
+    """The optimizer is built in a helper (``def get_optimizer(model, lr): return
+    AdamW(model.parameters())``) over a parameter that a call of the file hands a bf16 model
+    (``optimizer = get_optimizer(model, lr)`` after ``model = from_pretrained(...,
+    torch_dtype=torch.bfloat16)``): the evidence, or None."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    for call, scope in facts.calls_of(func):
+        offset = 1 if params[:1] == ["self"] and isinstance(call.func, ast.Attribute) else 0
+        handed = {
+            params[i + offset]: a for i, a in enumerate(call.args) if i + offset < len(params)
+        }
+        handed |= {k.arg: k.value for k in call.keywords if k.arg is not None}
+        bf16, fp32 = scope_dtypes(facts, scope.node)
+        for param, arg in handed.items():
+            key = dotted(arg)
+            if param in mentioned and key in bf16 and key not in fp32:
+                return f"{key} is bfloat16 ({bf16[key]}) and handed to {func.name} (line {call.lineno})"
+    return None
+
+
 def _runs_under_deepspeed(facts: ModuleFacts) -> bool:
     """The file is written to run under Accelerate's DeepSpeed backend, chosen by the launch
     config: it reads ``accelerator.state.deepspeed_plugin``, compares the distributed type
@@ -130,6 +152,8 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
                 found.append(
                     (call, f"{hit} is bfloat16 ({bf16[hit]}); {tail(name)} keeps no fp32 copy")
                 )
+            elif (handed := _bf16_argument(facts, scope_node, mentioned)) is not None:
+                found.append((call, f"{handed}; {tail(name)} keeps no fp32 copy"))
             elif default_bf16 is not None and not bf16 and not fp32:
                 found.append(
                     (
