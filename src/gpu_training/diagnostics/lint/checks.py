@@ -540,7 +540,7 @@ class FileChecker:
             written = None  # save_pretrained(..., is_main_process=accelerator.is_main_process)
         if written is not None and not (ctx.rank0 or ctx.one_rank):
             hints = {"accelerate": "; accelerator.save() writes once", "fabric": "; fabric.save()"}
-            hint = hints.get(self.framework or "", "")
+            hint = "" if "download" in written else hints.get(self.framework or "", "")
             self.add(call, "GT007", f"{written} runs on every rank: no rank-0 guard{hint}")
         elif (node := node_local_write(call, ctx, scope, self.facts, written)) is not None:
             self.add(call, "GT017", f"{node} under {ctx.guard}: local rank 0 of every node")
