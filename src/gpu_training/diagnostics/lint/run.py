@@ -21,6 +21,7 @@ import ast
 from gpu_training.diagnostics.lint.checks import BASE_INHERITED, FileChecker
 from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
+from gpu_training.diagnostics.lint.helper_collectives import call_site_collectives
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
 from gpu_training.diagnostics.lint.overridden_methods import GROUP_PREMISED, single_process_methods
@@ -121,7 +122,11 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
                 for f in kept
                 if f.code not in GROUP_PREMISED or not any(a <= f.line <= b for a, b in spans)
             ]
-    for sites in (call_site_writes(checkers, results), call_site_node_writes(checkers, results)):
+    for sites in (
+        call_site_writes(checkers, results),
+        call_site_node_writes(checkers, results),
+        call_site_collectives(checkers, results),
+    ):
         for path, extra in sites.items():
             found = results[path]
             if not isinstance(found, str):

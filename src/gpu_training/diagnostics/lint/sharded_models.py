@@ -9,6 +9,10 @@ when the code says so in one of these ways:
 * handed to ``accelerator.prepare(...)`` (or Fabric's ``setup``) by a script whose
   Accelerator shards: built with ``fsdp_plugin=`` in the file, or launched with an Accelerate
   config of the repository whose every multi-process ``distributed_type`` is ``FSDP``;
+* named as the model of an FSDP class method in the same function
+  (``with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, ...):``,
+  ``FSDP.optim_state_dict(model, optimizer)``): these take only FSDP modules, so a helper
+  handed the model as a parameter still knows it is sharded;
 * unwrapped from one of those (``model.module``, ``accelerator.unwrap_model(model)``) when the
   wrapper auto-wraps its layers (an ``auto_wrap_policy``, or Accelerate's FSDP, which wraps
   the transformer layers by default): the inner layers are FSDP units still, and their
@@ -218,6 +222,8 @@ def sharded_model(expr: ast.expr, scope: Scope, facts: ModuleFacts, depth: int =
         return False
     if "fsdp" in facts.kinds(expr, scope) or key in _fully_sharded(facts):
         return True
+    if (id(scope.node), key) in _fsdp_context_models(facts):
+        return True
     if accelerate_sharding(facts) == "fsdp" and key in _prepared(facts):
         return True
     if isinstance(expr, ast.Attribute) and expr.attr == "module":
@@ -323,3 +329,35 @@ def _fully_sharded(facts: ModuleFacts) -> frozenset[str]:
     found = frozenset(names)
     facts.memo["fully-sharded"] = found
     return found
+
+
+_FSDP_CONTEXTS = frozenset(
+    {
+        "state_dict_type",
+        "optim_state_dict",
+        "full_optim_state_dict",
+        "sharded_optim_state_dict",
+        "set_state_dict_type",
+    }
+)
+
+
+def _fsdp_context_models(facts: ModuleFacts) -> frozenset[tuple[int, str]]:
+    """Each ``(scope, name)`` whose name is the model argument of an FSDP class method called
+    in that scope (``FSDP.state_dict_type(model, ...)``): a model FSDP shards."""
+    cached = facts.memo.get("fsdp-context-models")
+    if isinstance(cached, frozenset):
+        return cached
+    found: set[tuple[int, str]] = set()
+    for call in facts.calls:
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and func.attr in _FSDP_CONTEXTS and call.args):
+            continue
+        owner = facts.imports.resolve(dotted(func.value))
+        if tail(owner) not in _FSDP_CALLS:
+            continue  # model.summon_full_params(): the receiver, not the argument
+        name = dotted(call.args[0])
+        if name is not None:
+            found.add((id(facts.scope_containing(call).node), name))
+    result = facts.memo["fsdp-context-models"] = frozenset(found)
+    return result
