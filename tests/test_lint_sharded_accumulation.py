@@ -74,7 +74,8 @@ def train(model, loader, accum):
 """
     + _LOOP
     + "    dist.destroy_process_group()\n"
-)
+    + "\n\nif __name__ == '__main__':\n    train(build_model(), build_loader(), accum=4)\n"
+)  # a script of its own: a module nothing imports nor runs is not read (orphan_modules)
 
 
 _RUN = """\

@@ -24,6 +24,7 @@ from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.helper_collectives import call_site_collectives
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
+from gpu_training.diagnostics.lint.orphan_modules import orphan_module, unrun_spans
 from gpu_training.diagnostics.lint.overridden_methods import GROUP_PREMISED, single_process_methods
 from gpu_training.diagnostics.lint.patched_methods import method_sites
 from gpu_training.diagnostics.lint.prefix_loaders import prefix_loaders, reading_back
@@ -135,6 +136,9 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
         dead = failing_import_line(project, project.linted[path])
         if dead is not None and not isinstance(found, str):
             results[path] = [f for f in found if f.line < dead]
+        elif not isinstance(found, str) and orphan_module(project, project.linted[path]):
+            spans = unrun_spans(project.linted[path])  # nothing imports or runs the module
+            results[path] = [f for f in found if not any(a <= f.line <= b for a, b in spans)]
     return results
 
 

@@ -1,0 +1,182 @@
+"""Modules the repository never imports nor runs: the code in their functions never executes.
+
+A repository that vendors a library (``src/diffsynth/``) or keeps an old copy of a helper
+(``evaluation.py`` beside the ``evaluator.py`` its scripts import) ships code that no
+process of its runs: nothing imports the module, it is no script (no ``if __name__ ==
+"__main__":`` block; the modules importing it are orphans too), and no launcher, config or string names it. Its functions and
+classes never execute in any rank, so what they would write, all-reduce or pin is no bug
+of this repository. Such a module is judged an orphan only where the rest of its code base
+is in use, i.e. a linted file imports a module beside it (the same directory, or the same
+top-level package): a directory of stand-alone snippets, or one file linted alone, keeps
+every finding. The module's own top level still runs if someone runs the file.
+
+Example:
+    >>> import ast, tempfile
+    >>> from pathlib import Path
+    >>> from gpu_training.diagnostics.lint.project import Project
+    >>> root = Path(tempfile.mkdtemp())
+    >>> _ = (root / ".git").mkdir()
+    >>> texts = {"evaluator.py": "def score():\\n    return 1\\n",
+    ...          "evaluation.py": "def old_score():\\n    return 0\\n",
+    ...          "train.py": "from evaluator import score\\nif __name__ == '__main__':\\n    score()\\n"}
+    >>> project = Project([root])
+    >>> for name, text in texts.items():
+    ...     _ = (root / name).write_text(text)
+    ...     _ = project.add(str(root / name), ast.parse(text))
+    >>> [Path(f.path).name for f in project.linted.values() if orphan_module(project, f)]
+    ['evaluation.py']
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+from gpu_training.diagnostics.lint.model import ModuleFacts
+from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
+
+__all__ = ["orphan_module", "unrun_spans"]
+
+_TEXT_SUFFIXES = (
+    ".sh",
+    ".bash",
+    ".slurm",
+    ".yaml",
+    ".yml",
+    ".md",
+    ".rst",
+    ".txt",
+    ".cfg",
+    ".toml",
+    ".json",
+    ".ipynb",
+    "Makefile",
+    ".job",
+    ".sbatch",
+    ".ini",
+)
+
+
+def _runs_itself(tree: ast.Module) -> bool:
+    """A script: an ``if __name__ == "__main__":`` block, a call at the top level, or a top
+    level that binds what a function or class of its own returns (``python evaluation.py``
+    runs it)."""
+    own = {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return True  # `main()`, `dist.init_process_group(...)` at the top level
+        if isinstance(node, ast.Assign) and any(
+            isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in own
+            for sub in ast.walk(node)
+        ):
+            return True
+    return False
+
+
+def _package_top(path: Path) -> Path:
+    """The top directory of the package holding ``path`` (its own directory when the file
+    is in no package)."""
+    top = path.parent
+    while (top / "__init__.py").is_file() and (top.parent / "__init__.py").is_file():
+        top = top.parent
+    return top
+
+
+def _star_importers(project: Project, path: Path) -> list[ModuleFacts]:
+    """The linted modules that import everything of the module (``from .trainer import *``,
+    which binds no name the project's import table keeps)."""
+    found = []
+    target = path.resolve()
+    for other in project.linted.values():
+        for node in other.nodes:
+            if not (isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)):
+                continue
+            module = project.module_file(other.path, node.module or "", node.level)
+            if module is not None and module.resolve() == target:
+                found.append(other)
+                break
+    return found
+
+
+def _names(path: Path, top: Path) -> tuple[str, str]:
+    """The module's dotted name and its file path, from above its top package
+    (``diffsynth.trainers.utils``, ``diffsynth/trainers/utils.py``; ``evaluation``,
+    ``evaluation.py`` for a module in no package)."""
+    base = top.parent if (top / "__init__.py").is_file() else top
+    parts = path.with_suffix("").relative_to(base).parts
+    return ".".join(parts), "/".join(parts) + ".py"
+
+
+def _named_in_strings(project: Project, dotted: str, file_path: str) -> bool:
+    """A string of a linted module names the module (``importlib.import_module("pkg.mod")``,
+    ``"pkg.mod:main"`` in an entry point, ``"mod.py"`` in a command)."""
+    for facts in project.linted.values():
+        for node in facts.nodes:
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+                if text == dotted or text.startswith((f"{dotted}.", f"{dotted}:")):
+                    return True
+                if file_path in text:
+                    return True
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _repository_text(root: str) -> str:
+    return "\n".join(text for _, text in text_files(root, _TEXT_SUFFIXES))
+
+
+def orphan_module(project: Project, facts: ModuleFacts) -> bool:
+    """Whether ``facts`` is a module of the linted code base that nothing imports or runs
+    while a module beside it is imported (see the module's text)."""
+    cached = facts.memo.get("orphan-module")
+    if isinstance(cached, bool):
+        return cached
+    facts.memo["orphan-module"] = found = _orphan(project, facts)
+    return found
+
+
+def _orphan(project: Project, facts: ModuleFacts) -> bool:
+    path = Path(facts.path)
+    if facts.path.startswith("<") or path.name in ("__init__.py", "setup.py", "conftest.py"):
+        return False
+    if len(project.linted) < 2 or _runs_itself(facts.tree):
+        return False
+    facts.memo["orphan-module"] = False  # an import cycle: imported
+    importers = [*project.importers_of(facts), *_star_importers(project, path)]
+    if any(not orphan_module(project, other) for other in importers if other is not facts):
+        return False  # imported by a module that runs (not by another orphan only)
+    top = _package_top(path.resolve())
+    same_tree = [
+        other
+        for other in project.linted.values()
+        if other is not facts
+        and not other.path.startswith("<")
+        and Path(other.path).resolve().is_relative_to(top)
+        and (top != path.resolve().parent or Path(other.path).resolve().parent == top)
+    ]
+    if not any(i is not facts for o in same_tree for i in project.importers_of(o)):
+        return False  # nothing of this code base is imported: stand-alone files
+    dotted, file_path = _names(path.resolve(), top)
+    if _named_in_strings(project, dotted, file_path):
+        return False
+    text = _repository_text(repository_of(facts.path))
+    named = file_path in text or ("." in dotted and dotted in text)
+    return not named
+
+
+def unrun_spans(facts: ModuleFacts) -> list[tuple[int, int]]:
+    """The line spans of the module's top-level functions and classes."""
+    return [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in facts.tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]

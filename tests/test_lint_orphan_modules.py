@@ -1,0 +1,135 @@
+"""``gpu-training lint``: modules the repository never imports nor runs.
+
+A vendored library's trainer nobody imports (issue 33, set 18: DiffSynth's Lightning
+trainers inside LoFA, whose own launcher runs ``lofa/trainer``) and an old copy of a helper
+(``evaluation.py`` beside the ``evaluator.py`` the scripts import) never execute: their
+functions' writes and device choices are no bug of the repository. Minimal reproductions
+written here: a flat repository, a package, a ``src`` layout, and the cases that keep
+their findings (a star import, a launcher naming the file, stand-alone snippets).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_training.diagnostics.lint.report import lint_paths
+
+_TRAIN = """\
+import torch
+import torch.distributed as dist
+from {module} import {name}
+
+def main():
+    dist.init_process_group("nccl")
+    {name}()
+
+if __name__ == "__main__":
+    main()
+"""
+
+_WRITES = """\
+import torch
+
+def {name}():
+    torch.save({{"a": 1}}, "memory.pt")
+"""
+
+_OLD_COPY = """\
+import torch
+import torch.distributed as dist
+
+
+class Evaluation(torch.nn.Module):
+    def save_memory(self):
+        torch.save(self.state_dict(), "memory.pt")
+
+    def forward(self, x):
+        dist.barrier()
+        self.save_memory()
+        return x
+"""
+
+
+def _gt007(root: Path) -> list[tuple[str, int]]:
+    return sorted(
+        (Path(f.path).relative_to(root).as_posix(), f.line)
+        for f in lint_paths([root]).findings
+        if f.code == "GT007"
+    )
+
+
+def _repo(tmp_path: Path) -> Path:
+    (tmp_path / ".git").mkdir()
+    return tmp_path
+
+
+def test_an_old_copy_beside_the_imported_helper_is_not_read(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    (root / "evaluator.py").write_text(_WRITES.format(name="evaluate"))
+    (root / "evaluation.py").write_text(_OLD_COPY)
+    (root / "train.py").write_text(_TRAIN.format(module="evaluator", name="evaluate"))
+    assert _gt007(root) == [("evaluator.py", 4), ("train.py", 7)]
+    (root / "run_eval.py").write_text(
+        "from evaluation import Evaluation\n\nif __name__ == '__main__':\n    Evaluation()(1)\n"
+    )
+    assert ("evaluation.py", 7) in _gt007(root)  # imported: it runs
+
+
+def test_a_vendored_trainer_in_a_src_layout_is_not_read(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    package = root / "src" / "vendored"
+    (package / "trainers").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(_WRITES.format(name="cache_weights"))
+    (package / "trainers" / "__init__.py").write_text("")
+    (package / "trainers" / "lightning_trainer.py").write_text(
+        "from vendored.trainers.helpers import dump\n\n"
+        "def fit():\n    with open('configuration.json', 'w') as f:\n        f.write('{}')\n"
+    )
+    (package / "trainers" / "helpers.py").write_text(_WRITES.format(name="dump"))
+    (root / "launch.py").write_text(_TRAIN.format(module="vendored.models", name="cache_weights"))
+    assert _gt007(root) == [("launch.py", 7), ("src/vendored/models.py", 4)]
+
+
+def test_a_module_imported_with_a_star_is_read(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    (root / "methods").mkdir()
+    (root / "methods" / "__init__.py").write_text("from .vanilla import *\n")
+    (root / "methods" / "vanilla.py").write_text(_OLD_COPY)
+    (root / "methods" / "other.py").write_text("X = 1\n")
+    (root / "main.py").write_text(_TRAIN.format(module="methods", name="Evaluation"))
+    (root / "util.py").write_text("from methods.other import X\n")
+    assert ("methods/vanilla.py", 7) in _gt007(root)
+
+
+def test_a_module_a_launcher_or_a_string_names_is_read(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    (root / "evaluator.py").write_text(_WRITES.format(name="evaluate"))
+    (root / "evaluation.py").write_text(_OLD_COPY)
+    (root / "plugin.py").write_text(_OLD_COPY)
+    (root / "train.py").write_text(
+        _TRAIN.format(module="evaluator", name="evaluate")
+        + "\nimport importlib\nimportlib.import_module('plugin')\n"
+    )
+    (root / "eval.sh").write_text("torchrun --nproc_per_node 2 -c 'import evaluation.py'\n")
+    found = _gt007(root)
+    assert ("evaluation.py", 7) in found
+    assert ("plugin.py", 7) in found
+
+
+def test_stand_alone_snippets_keep_their_findings(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    (root / "a.py").write_text(
+        "import torch.distributed as dist\nimport torch\n\n"
+        "def save(state):\n    dist.barrier()\n    torch.save(state, 'ckpt.pt')\n"
+    )
+    (root / "b.py").write_text(_TRAIN.format(module="torch", name="manual_seed"))
+    assert ("a.py", 6) in _gt007(root)
+
+
+def test_a_module_whose_top_level_calls_its_functions_is_a_script(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    (root / "evaluator.py").write_text(_WRITES.format(name="evaluate"))
+    (root / "evaluation.py").write_text(_OLD_COPY + "\nEvaluation()(1)\n")
+    (root / "train.py").write_text(_TRAIN.format(module="evaluator", name="evaluate"))
+    assert ("evaluation.py", 7) in _gt007(root)
