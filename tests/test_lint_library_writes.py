@@ -161,3 +161,18 @@ def test_a_download_in_a_helper_module_is_reported_in_it(tmp_path: Path) -> None
     )
     found = {(Path(f.path).name, f.line) for f in lint_paths([tmp_path]).findings}
     assert ("data.py", 4) in found
+
+
+def test_a_dataset_saved_to_disk_on_every_rank_is_a_write() -> None:
+    source = """\
+import os
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+with accelerator.main_process_first():
+    tokenized = raw.map(tokenize, batched=True)
+tokenized.save_to_disk(os.path.join(out_dir, "tokenized"))
+if accelerator.is_main_process:
+    tokenized.save_to_disk("copy")
+"""
+    assert _gt007(source) == [7]

@@ -390,7 +390,15 @@ _BOARD_METHODS = frozenset(
     {"add_scalar", "add_scalars", "add_histogram", "add_image", "add_images", "add_text"}
 )
 _FILE_METHODS = frozenset(
-    {"savefig", "save_pretrained", "to_csv", "to_json", "to_parquet", "export_chrome_trace"}
+    {
+        "savefig",
+        "save_pretrained",
+        "to_csv",
+        "to_json",
+        "to_parquet",
+        "export_chrome_trace",
+        "save_to_disk",
+    }
 )
 
 
