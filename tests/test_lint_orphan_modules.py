@@ -4,7 +4,7 @@ A vendored library's trainer nobody imports (issue 33, set 18: DiffSynth's Light
 trainers inside LoFA, whose own launcher runs ``lofa/trainer``) and an old copy of a helper
 (``evaluation.py`` beside the ``evaluator.py`` the scripts import) never execute: their
 functions' writes and device choices are no bug of the repository. Minimal reproductions
-written here: a flat repository, a package, a ``src`` layout, and the cases that keep
+written here: a flat repository, a package under ``src/``, and the cases that keep
 their findings (a star import, a launcher naming the file, stand-alone snippets).
 """
 
@@ -75,20 +75,38 @@ def test_an_old_copy_beside_the_imported_helper_is_not_read(tmp_path: Path) -> N
     assert ("evaluation.py", 7) in _gt007(root)  # imported: it runs
 
 
+_VENDORED_TRAINER = """\
+import torch.distributed as dist
+
+
+def _write_config():
+    with open("configuration.json", "w") as f:
+        f.write("{}")
+
+
+def fit():
+    dist.barrier()
+    _write_config()
+"""
+
+
 def test_a_vendored_trainer_in_a_src_layout_is_not_read(tmp_path: Path) -> None:
     root = _repo(tmp_path)
     package = root / "src" / "vendored"
     (package / "trainers").mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "models.py").write_text(_WRITES.format(name="cache_weights"))
+    (package / "models.py").write_text("X = 1\n")
     (package / "trainers" / "__init__.py").write_text("")
-    (package / "trainers" / "lightning_trainer.py").write_text(
-        "from vendored.trainers.helpers import dump\n\n"
-        "def fit():\n    with open('configuration.json', 'w') as f:\n        f.write('{}')\n"
+    (package / "trainers" / "lightning_trainer.py").write_text(_VENDORED_TRAINER)
+    (root / "launch.py").write_text(
+        "from vendored.models import X\n\nif __name__ == '__main__':\n    print(X)\n"
     )
-    (package / "trainers" / "helpers.py").write_text(_WRITES.format(name="dump"))
-    (root / "launch.py").write_text(_TRAIN.format(module="vendored.models", name="cache_weights"))
-    assert _gt007(root) == [("launch.py", 7), ("src/vendored/models.py", 4)]
+    assert _gt007(root) == []
+    (root / "fit.py").write_text(  # now something runs it
+        "from vendored.trainers.lightning_trainer import fit\n\n"
+        "if __name__ == '__main__':\n    fit()\n"
+    )
+    assert _gt007(root) == [("src/vendored/trainers/lightning_trainer.py", 5)]
 
 
 def test_a_module_imported_with_a_star_is_read(tmp_path: Path) -> None:

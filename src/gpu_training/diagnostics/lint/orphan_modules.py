@@ -7,7 +7,7 @@ process of its runs: nothing imports the module, it is no script (no ``if __name
 classes never execute in any rank, so what they would write, all-reduce or pin is no bug
 of this repository. Such a module is judged an orphan only where the rest of its code base
 is in use, i.e. a linted file imports a module beside it (the same directory, or the same
-top-level package): a directory of stand-alone snippets, or one file linted alone, keeps
+top-level package, by path or by its dotted name): a directory of stand-alone snippets, or one file linted alone, keeps
 every finding. The module's own top level still runs if someone runs the file.
 
 Example:
@@ -106,6 +106,33 @@ def _star_importers(project: Project, path: Path) -> list[ModuleFacts]:
     return found
 
 
+def _absolute_imports(facts: ModuleFacts) -> frozenset[str]:
+    """The dotted names a module's absolute imports name (``a.b`` and ``a.b.c`` for ``from
+    a.b import c``), star imports included."""
+    cached = facts.memo.get("absolute-imports")
+    if isinstance(cached, frozenset):
+        return cached
+    names: set[str] = set()
+    for node in facts.nodes:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    found = facts.memo["absolute-imports"] = frozenset(names)
+    return found
+
+
+def _importers_by_name(project: Project, dotted: str) -> list[ModuleFacts]:
+    """The linted modules whose absolute imports name the module or package ``dotted``
+    (or one of its submodules), whether or not the import resolves to a file here."""
+    return [
+        other
+        for other in project.linted.values()
+        if any(n == dotted or n.startswith(f"{dotted}.") for n in _absolute_imports(other))
+    ]
+
+
 def _names(path: Path, top: Path) -> tuple[str, str]:
     """The module's dotted name and its file path, from above its top package
     (``diffsynth.trainers.utils``, ``diffsynth/trainers/utils.py``; ``evaluation``,
@@ -151,10 +178,15 @@ def _orphan(project: Project, facts: ModuleFacts) -> bool:
     if len(project.linted) < 2 or _runs_itself(facts.tree):
         return False
     facts.memo["orphan-module"] = False  # an import cycle: imported
-    importers = [*project.importers_of(facts), *_star_importers(project, path)]
+    top = _package_top(path.resolve())
+    dotted, file_path = _names(path.resolve(), top)
+    importers = [
+        *project.importers_of(facts),
+        *_star_importers(project, path),
+        *_importers_by_name(project, dotted),  # a package installed from src/, say
+    ]
     if any(not orphan_module(project, other) for other in importers if other is not facts):
         return False  # imported by a module that runs (not by another orphan only)
-    top = _package_top(path.resolve())
     same_tree = [
         other
         for other in project.linted.values()
@@ -163,9 +195,11 @@ def _orphan(project: Project, facts: ModuleFacts) -> bool:
         and Path(other.path).resolve().is_relative_to(top)
         and (top != path.resolve().parent or Path(other.path).resolve().parent == top)
     ]
-    if not any(i is not facts for o in same_tree for i in project.importers_of(o)):
+    package = dotted.split(".")[0] if "." in dotted else None
+    if not any(i is not facts for o in same_tree for i in project.importers_of(o)) and not (
+        package and any(o is not facts for o in _importers_by_name(project, package))
+    ):
         return False  # nothing of this code base is imported: stand-alone files
-    dotted, file_path = _names(path.resolve(), top)
     if _named_in_strings(project, dotted, file_path):
         return False
     text = _repository_text(repository_of(facts.path))

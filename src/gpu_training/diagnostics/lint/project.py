@@ -167,8 +167,6 @@ class Project:
             elif limit is None and len(dirs) >= 3:
                 break
             dirs.append(parent)
-        if limit is not None and (limit / "src").is_dir() and limit / "src" not in dirs:
-            dirs.append(limit / "src")  # a src layout: its packages are installed from src/
         self._search_cache[start] = dirs
         return dirs
 
