@@ -64,6 +64,8 @@ __all__ = [
 
 _MAX_IMPORTED_BYTES = 2_000_000  # an imported module larger than this is not read
 _GROUP_CREATORS = frozenset({"init_process_group", "init_distributed"})
+# Accelerate's state joins the launcher's process group when it is first built
+_STATE_CREATORS = frozenset({"accelerate.Accelerator", "accelerate.PartialState"})
 _GROUP_DESTROYERS = frozenset({"destroy_process_group", "cleanup_distributed"})
 _LOG_CONFIG = frozenset({"addHandler", "setLevel", "basicConfig", "set_verbosity", "disable"})
 _PRINT_TARGETS = frozenset({"builtins.print", "__builtin__.print", "sys.stdout", "sys.stderr"})
@@ -200,7 +202,8 @@ class Project:
         if isinstance(func, ast.Name):
             if func.id in facts.imports.origins:
                 return self._imported(facts, func.id, ["__init__"], 0, classes=True)
-            return [(facts, f) for f in facts.local_functions(ast.Call(func, [], []))]
+            here = [(facts, f) for f in facts.local_functions(ast.Call(func, [], []))]
+            return here or self._bound_classes(facts, func)
         if not isinstance(func, ast.Attribute):
             return []
         receiver = func.value
@@ -228,6 +231,15 @@ class Project:
             if path:  # `state = utils.make_state(...)`: the class the function returns
                 makers = self._imported(facts, head, path, 0)
                 found += self._returned_methods(makers, func.attr)
+        return found
+
+    def _bound_classes(self, facts: ModuleFacts, func: ast.Name) -> list[FuncRef]:
+        """``cls = ReconTrainer`` / ``else: cls = DiffTrainer``, then ``cls(**cfg)``: the
+        ``__init__`` of each imported class the name is bound to."""
+        found: list[FuncRef] = []
+        for value in facts.lookup_all(func.id, facts.scope_containing(func)):
+            if isinstance(value, ast.Name) and value.id in facts.imports.origins:
+                found += self._imported(facts, value.id, ["__init__"], 0, classes=True)
         return found
 
     def _returned_methods(self, makers: list[FuncRef], method: str) -> list[FuncRef]:
@@ -451,7 +463,7 @@ def _merge_call(
     last = tail(name)
     method = call.func.attr if isinstance(call.func, ast.Attribute) else None
     changes: dict[str, object] = {}
-    if last in _GROUP_CREATORS and flags.creates_group is None:
+    if (last in _GROUP_CREATORS or name in _STATE_CREATORS) and flags.creates_group is None:
         changes["creates_group"] = f"{last} ({here}:{call.lineno})"
     if last in _GROUP_DESTROYERS or (
         last == "register" and any(tail(dotted(a)) in _GROUP_DESTROYERS for a in call.args)

@@ -33,6 +33,7 @@ from gpu_training.diagnostics.lint.summary import Summary
 __all__ = ["creates_plain_group", "missing_destroy", "reached_from_module"]
 
 _MADE = ("init_process_group", "init_distributed")
+_FRAMEWORK_STATES = ("Accelerator (", "PartialState (")
 
 
 def missing_destroy(
@@ -81,6 +82,10 @@ def missing_destroy(
                 continue
             for callee, func in facts.callees(node):
                 summary = facts.resolver.summary((callee, func)) if facts.resolver else None
+                made = summary.creates_group if summary is not None else None
+                innermost = (made or "").rsplit("which calls ", 1)[-1]
+                if innermost.startswith(_FRAMEWORK_STATES):
+                    continue  # an Accelerator joins and tears down the group itself
                 if callee is not facts and summary is not None and summary.creates_group:
                     creators.append((node, f"{summary.where} creates it: {summary.creates_group}"))
                     break
