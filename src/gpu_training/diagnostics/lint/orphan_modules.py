@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import weakref
 from pathlib import Path
 
 from gpu_training.diagnostics.lint.model import ModuleFacts
@@ -90,22 +91,6 @@ def _package_top(path: Path) -> Path:
     return top
 
 
-def _star_importers(project: Project, path: Path) -> list[ModuleFacts]:
-    """The linted modules that import everything of the module (``from .trainer import *``,
-    which binds no name the project's import table keeps)."""
-    found = []
-    target = path.resolve()
-    for other in project.linted.values():
-        for node in other.nodes:
-            if not (isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)):
-                continue
-            module = project.module_file(other.path, node.module or "", node.level)
-            if module is not None and module.resolve() == target:
-                found.append(other)
-                break
-    return found
-
-
 def _absolute_imports(facts: ModuleFacts) -> frozenset[str]:
     """The dotted names a module's absolute imports name (``a.b`` and ``a.b.c`` for ``from
     a.b import c``), star imports included."""
@@ -123,16 +108,6 @@ def _absolute_imports(facts: ModuleFacts) -> frozenset[str]:
     return found
 
 
-def _importers_by_name(project: Project, dotted: str) -> list[ModuleFacts]:
-    """The linted modules whose absolute imports name the module or package ``dotted``
-    (or one of its submodules), whether or not the import resolves to a file here."""
-    return [
-        other
-        for other in project.linted.values()
-        if any(n == dotted or n.startswith(f"{dotted}.") for n in _absolute_imports(other))
-    ]
-
-
 def _names(path: Path, top: Path) -> tuple[str, str]:
     """The module's dotted name and its file path, from above its top package
     (``diffsynth.trainers.utils``, ``diffsynth/trainers/utils.py``; ``evaluation``,
@@ -142,18 +117,55 @@ def _names(path: Path, top: Path) -> tuple[str, str]:
     return ".".join(parts), "/".join(parts) + ".py"
 
 
-def _named_in_strings(project: Project, dotted: str, file_path: str) -> bool:
-    """A string of a linted module names the module (``importlib.import_module("pkg.mod")``,
-    ``"pkg.mod:main"`` in an entry point, ``"mod.py"`` in a command)."""
-    for facts in project.linted.values():
-        for node in facts.nodes:
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                text = node.value
-                if text == dotted or text.startswith((f"{dotted}.", f"{dotted}:")):
-                    return True
-                if file_path in text:
-                    return True
-    return False
+class _Index:
+    """What every candidate module is checked against, read once per project: each linted
+    module's resolved path, and every string constant of them, joined by NUL (a substring
+    search over one text instead of a walk over every node of every module per candidate)."""
+
+    def __init__(self, project: Project) -> None:
+        self.count = len(project.linted)
+        self.paths = {
+            facts.path: Path(facts.path).resolve()
+            for facts in project.linted.values()
+            if not facts.path.startswith("<")
+        }
+        strings = (
+            node.value
+            for facts in project.linted.values()
+            for node in facts.nodes
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        )
+        self.strings = "\0" + "\0".join(strings) + "\0"
+        self.by_name: dict[str, list[ModuleFacts]] = {}
+        for facts in project.linted.values():
+            prefixes: set[str] = set()
+            for name in _absolute_imports(facts):
+                parts = name.split(".")
+                prefixes.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+            for prefix in prefixes:
+                self.by_name.setdefault(prefix, []).append(facts)
+
+    def importers_by_name(self, dotted: str) -> list[ModuleFacts]:
+        """The linted modules whose absolute imports name the module or package ``dotted``
+        (or one of its submodules), whether or not the import resolves to a file here."""
+        return self.by_name.get(dotted, [])
+
+    def named_in_strings(self, dotted: str, file_path: str) -> bool:
+        """A string of a linted module names the module (``importlib.import_module(
+        "pkg.mod")``, ``"pkg.mod:main"`` in an entry point, ``"mod.py"`` in a command)."""
+        text = self.strings
+        starts = (f"\0{dotted}\0", f"\0{dotted}.", f"\0{dotted}:")
+        return file_path in text or any(start in text for start in starts)
+
+
+_INDEXES: weakref.WeakKeyDictionary[Project, _Index] = weakref.WeakKeyDictionary()
+
+
+def _index(project: Project) -> _Index:
+    index = _INDEXES.get(project)
+    if index is None or index.count != len(project.linted):
+        index = _INDEXES[project] = _Index(project)
+    return index
 
 
 @functools.lru_cache(maxsize=64)
@@ -180,10 +192,10 @@ def _orphan(project: Project, facts: ModuleFacts) -> bool:
     facts.memo["orphan-module"] = False  # an import cycle: imported
     top = _package_top(path.resolve())
     dotted, file_path = _names(path.resolve(), top)
+    index = _index(project)
     importers = [
         *project.importers_of(facts),
-        *_star_importers(project, path),
-        *_importers_by_name(project, dotted),  # a package installed from src/, say
+        *index.importers_by_name(dotted),  # a package installed from src/, say
     ]
     if any(not orphan_module(project, other) for other in importers if other is not facts):
         return False  # imported by a module that runs (not by another orphan only)
@@ -191,16 +203,16 @@ def _orphan(project: Project, facts: ModuleFacts) -> bool:
         other
         for other in project.linted.values()
         if other is not facts
-        and not other.path.startswith("<")
-        and Path(other.path).resolve().is_relative_to(top)
-        and (top != path.resolve().parent or Path(other.path).resolve().parent == top)
+        and other.path in index.paths
+        and index.paths[other.path].is_relative_to(top)
+        and (top != path.resolve().parent or index.paths[other.path].parent == top)
     ]
     package = dotted.split(".")[0] if "." in dotted else None
     if not any(i is not facts for o in same_tree for i in project.importers_of(o)) and not (
-        package and any(o is not facts for o in _importers_by_name(project, package))
+        package and any(o is not facts for o in index.importers_by_name(package))
     ):
         return False  # nothing of this code base is imported: stand-alone files
-    if _named_in_strings(project, dotted, file_path):
+    if index.named_in_strings(dotted, file_path):
         return False
     text = _repository_text(repository_of(facts.path))
     named = file_path in text or ("." in dotted and dotted in text)
