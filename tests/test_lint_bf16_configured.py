@@ -331,3 +331,40 @@ def test_an_optimizer_helper_handed_a_bf16_model(tmp_path: Path) -> None:
 def test_an_optimizer_helper_handed_an_fp32_model(tmp_path: Path) -> None:
     fp32 = _OPTIMIZER_HELPER.replace("torch.bfloat16", "torch.float32")
     assert _gt019(tmp_path, {"train.py": fp32}) == []
+
+
+_ADAPTER = """
+import itertools
+
+import torch
+from transformers import CLIPVisionModelWithProjection
+
+
+class Projection(torch.nn.Module):
+    def __init__(self, width, tokens):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width * tokens)
+
+
+def main(accelerator):
+    encoder = CLIPVisionModelWithProjection.from_pretrained("openai/clip")
+    encoder.requires_grad_(False)
+    projection = Projection(width=encoder.config.projection_dim, tokens=4)
+    weight_dtype = torch.float32
+    if accelerator.mixed_precision == "bf16":
+        weight_dtype = torch.bfloat16
+    encoder.to(accelerator.device, dtype=weight_dtype)
+    return torch.optim.AdamW(itertools.chain(PARAMS), lr=1e-4)
+"""
+
+
+def test_a_number_read_off_a_bf16_module_carries_none_of_its_parameters() -> None:
+    """A frozen encoder cast to bf16 whose width sizes a trained projection (diffusers'
+    IP-Adapter tutorials): the optimizer steps the projection, in fp32, only."""
+    from gpu_training.diagnostics.lint.precision import bf16_adam
+
+    trained = ModuleFacts(ast.parse(_ADAPTER.replace("PARAMS", "projection.parameters()")))
+    assert bf16_adam(trained) == []
+    both = "projection.parameters(), encoder.parameters()"
+    stepped = ModuleFacts(ast.parse(_ADAPTER.replace("PARAMS", both)))
+    assert [call.lineno for call, _ in bf16_adam(stepped)] == [22]

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 
 from gpu_training.diagnostics.lint.bf16_models import conversion, dtype_of, scope_dtypes
 from gpu_training.diagnostics.lint.calls import is_const, keyword_arg, tail
@@ -43,13 +44,14 @@ _ADAM = frozenset({"Adam", "AdamW"})
 _UPCASTING_PLUGINS = frozenset({"FullyShardedDataParallelPlugin", "DeepSpeedPlugin"})
 _DEEPSPEED_MARKS = frozenset({"deepspeed_plugin", "DEEPSPEED"})
 _DUMMIES = frozenset({"DummyOptim", "DummyScheduler"})
+_METADATA = frozenset({"config", "shape", "dtype", "device"})  # a module's, not its parameters
 
 
 def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0) -> set[str]:
     """The names an expression reads, through the names it reads (``groups = [{"params":
     model.parameters()}]``; ``AdamW(groups)`` reads ``model``)."""
     found: set[str] = set()
-    for node in ast.walk(expr):
+    for node in _reads(expr):
         if isinstance(node, (ast.Name, ast.Attribute)):
             key = dotted(node)
             if key is None:
@@ -60,6 +62,20 @@ def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0)
                     if value is not None and value is not expr:
                         found |= _mentioned(value, facts, scope, depth + 1)
     return found
+
+
+def _reads(expr: ast.expr) -> Iterator[ast.AST]:
+    """The nodes of ``expr``, less what a read of a module's metadata holds: a number or a
+    config read off a module (``Proj(width=encoder.config.projection_dim)``) carries none of
+    its parameters, so the module it is read from is not mentioned."""
+    stack: list[ast.AST] = [expr]
+    while stack:
+        node = stack.pop()
+        key = dotted(node) if isinstance(node, ast.Attribute) else None
+        if key is not None and not _METADATA.isdisjoint(key.split(".")[1:]):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def _bf16_argument(facts: ModuleFacts, func: ast.AST, mentioned: set[str]) -> str | None:
