@@ -33,6 +33,7 @@ def _gradients_equal_across_ranks(how: str) -> bool:
         out.sum().backward()
         grads = [torch.zeros_like(net.weight.grad) for _ in range(ctx.world_size)]
         dist.all_gather(grads, net.weight.grad)
+        del model, out  # a live DDP model's reducer holds the group (cleanup_distributed)
         return all(torch.equal(grads[0], g) for g in grads)
     finally:
         cleanup_distributed()
