@@ -519,10 +519,10 @@ class ModuleFacts:
             return frozenset({"optimizer"})
         if name in ("torch.compile", "copy.deepcopy") and call.args:  # still the wrapper
             return self.kinds(call.args[0], scope, depth + 1)
-        if isinstance(call.func, ast.Attribute) and call.func.attr in _PASSTHROUGH_METHODS:
-            return self.kinds(call.func.value, scope, depth + 1)
         found: frozenset[str] = frozenset()
-        for summary in self.summaries(call):  # a helper of the project: what it returns
+        if isinstance(call.func, ast.Attribute) and call.func.attr in _PASSTHROUGH_METHODS:
+            found = self.kinds(call.func.value, scope, depth + 1)  # `model.train()`: model
+        for summary in self.summaries(call):  # the project's (`trainer.train()`): it returns
             found |= summary.returns
         return found
 

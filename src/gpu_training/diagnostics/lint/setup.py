@@ -55,7 +55,7 @@ from gpu_training.diagnostics.lint.returned_state import (
 from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
 from gpu_training.diagnostics.lint.single_gpu import one_gpu_per_process
 from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
-from gpu_training.diagnostics.lint.state_saves import state_dict_calls
+from gpu_training.diagnostics.lint.state_saves import passed_at, state_dict_calls
 from gpu_training.diagnostics.lint.unread import never_read
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
@@ -133,13 +133,14 @@ class SetupRules:
         if name == "torch.save" or last == "save_file":
             self._saved_wrapper(call, scope)
         else:
-            for summary in self.facts.summaries(call):  # save_checkpoint({...}, filename)
+            refs = self.facts.callees(call) if self.facts.resolver is not None else []
+            for (_, func), summary in zip(refs, self.facts.summaries(call), strict=True):
                 for state in summary.saves_state_of:  # save_model(net): net.state_dict() saved
-                    if state < len(call.args):
-                        self._saved_helper_state(call.args[state], summary.where, scope)
-                index = summary.saves_argument
-                if index is not None and index < len(call.args):
-                    self._saved_object(call.args[index], scope)
+                    if (given := passed_at(call, func, state)) is not None:
+                        self._saved_helper_state(given, summary.where, scope)
+                index = summary.saves_argument  # save_checkpoint({...}, filename)
+                if index is not None and (given := passed_at(call, func, index)) is not None:
+                    self._saved_object(given, scope)
                     break
         if self.data_parallel:
             self._optimizer_lr(call, name, last, scope)

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from gpu_training.diagnostics.lint.calls import call_arg, node_start
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 
-__all__ = ["saved_state_parameters", "state_dict_calls", "unwrapped_branches"]
+__all__ = ["passed_at", "saved_state_parameters", "state_dict_calls", "unwrapped_branches"]
 
 _MAX_HOPS = 3  # local names followed from the saved expression
 
@@ -72,6 +72,22 @@ def saved_state_parameters(facts: ModuleFacts, save: ast.Call, scope: Scope) -> 
         if isinstance(owner, ast.Name) and owner.id in params[skip:]:
             found.add(params.index(owner.id) - skip)
     return tuple(sorted(found))
+
+
+def passed_at(
+    call: ast.Call, func: ast.FunctionDef | ast.AsyncFunctionDef, position: int
+) -> ast.expr | None:
+    """What ``call`` gives ``func``'s parameter at ``position`` (``self``/``cls`` not counted):
+    positionally, or by the parameter's name (``logger.save_checkpoint(model=self.model)``)."""
+    if position < len(call.args):
+        arg = call.args[position]
+        return None if any(isinstance(a, ast.Starred) for a in call.args[: position + 1]) else arg
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    skip = 1 if params and params[0] in ("self", "cls") else 0
+    if position + skip >= len(params) or position + skip < len(func.args.posonlyargs):
+        return None
+    name = params[position + skip]
+    return next((k.value for k in call.keywords if k.arg == name), None)
 
 
 def state_dict_calls(exprs: Iterable[ast.AST]) -> Iterator[ast.Call]:
