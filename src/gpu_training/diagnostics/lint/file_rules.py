@@ -32,6 +32,7 @@ from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepar
 from gpu_training.diagnostics.lint.fixed_devices import fixed_ddp_devices
 from gpu_training.diagnostics.lint.forward_bypass import bypassed_forwards
 from gpu_training.diagnostics.lint.handed_optimizers import handed_to_training
+from gpu_training.diagnostics.lint.helper_devices import helper_default_cuda
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.local_branches import locally_decided_collectives
 from gpu_training.diagnostics.lint.model import call_name
@@ -74,8 +75,11 @@ def whole_file_rules(checker: FileChecker) -> None:
     if direct and not pinned and checker.setup.default_cuda:
         node, what = checker.setup.default_cuda[0]
         checker.add(node, "GT002", f"{what} without set_device")
+    elif direct and not pinned and (helper := helper_default_cuda(facts)):
+        site = min(direct, key=lambda c: (c not in inits, c.lineno))  # the group's own call
+        checker.add(site, "GT002", f"no set_device, and {helper}")
     for call in cuda_before_pinning(facts):
-        checker.add(call, "GT002", "the current GPU before TrainingArguments/Accelerator pins it")
+        checker.add(call, "GT002", "the current GPU before the library pins it")
     for index, detail in fixed_ddp_devices(facts, all_calls) if checker.distributed else []:
         checker.add(index, "GT002", detail)
     tails = checker.tails
