@@ -43,6 +43,10 @@ from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.single_node import loopback_rendezvous
 from gpu_training.diagnostics.lint.teardown import creates_plain_group, missing_destroy
 from gpu_training.diagnostics.lint.trainer_precision import bf16_trainers
+from gpu_training.diagnostics.lint.unprepared_loaders import (
+    unprepared_loaders,
+    unsplit_iterable_loaders,
+)
 from gpu_training.diagnostics.lint.visible_devices import (
     cuda_fstring_indices,
     global_visible_devices,
@@ -65,6 +69,7 @@ def whole_file_rules(checker: FileChecker) -> None:
     """
     facts, imports, all_calls = checker.facts, checker.imports, checker.all_calls
     summaries = checker.callee_summaries
+    framed = checker.framework in ("accelerate", "fabric")
     inits = [c for c in all_calls if tail(call_name(c, imports)) in _GROUP_INITS]
     direct = [c for c in all_calls if creates_plain_group(c, facts)]
     pinned = (
@@ -78,6 +83,10 @@ def whole_file_rules(checker: FileChecker) -> None:
     elif direct and not pinned and (helper := helper_default_cuda(facts)):
         site = min(direct, key=lambda c: (c not in inits, c.lineno))  # the group's own call
         checker.add(site, "GT002", f"no set_device, and {helper}")
+    streams = unsplit_iterable_loaders(facts) if checker.framework == "fabric" else []
+    for loader, detail in [*(unprepared_loaders(facts) if framed else []), *streams]:
+        if id(loader) not in checker.setup.alone:  # `if world_size > 1: raise` before it
+            checker.add(loader, "GT003", detail)
     for call in cuda_before_pinning(facts):
         checker.add(call, "GT002", "the current GPU before the library pins it")
     for index, detail in fixed_ddp_devices(facts, all_calls) if checker.distributed else []:

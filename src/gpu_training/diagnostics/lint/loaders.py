@@ -35,7 +35,7 @@ from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted, iter_scope_nodes
 from gpu_training.diagnostics.lint.never_called import in_unnamed_class
 
-__all__ = ["feeds_training", "trains_on_argument"]
+__all__ = ["feeds_training", "own_loader_class", "project_classes", "trains_on_argument"]
 
 _WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "islice", "list"})
 _READERS = frozenset({"len", "print", "repr", "str", "isinstance", "type", "id"})
@@ -80,6 +80,31 @@ def feeds_training(
     if not uses:
         return True  # built and never read here: returned or kept, where it goes is not shown
     return any(_use_trains(facts, use, loader, scope, name, depth, file_trains) for use in uses)
+
+
+def own_loader_class(facts: ModuleFacts, call: ast.Call) -> bool:
+    """``DataLoader(...)`` naming a class of the project that is not torch's (``class
+    DataLoader:`` with its own batching, no ``torch.utils.data.DataLoader`` base): it takes
+    no sampler, and whatever it hands each rank is its own code's business."""
+    classes = project_classes(facts, call)
+    return bool(classes) and not any(
+        tail(dotted(base)).endswith("DataLoader") for cls in classes for base in cls.bases
+    )
+
+
+def project_classes(facts: ModuleFacts, call: ast.Call) -> list[ast.ClassDef]:
+    """The classes of the project a call constructs: of this file by name, or (imported) the
+    class whose ``__init__`` it runs."""
+    classes: list[ast.ClassDef] = []
+    name = dotted(call.func)
+    local = facts.toplevel.get(name or "")
+    if isinstance(local, ast.ClassDef) and name not in facts.imports.names:
+        classes.append(local)
+    for owner, func in facts.callees(call):
+        classes += [
+            c for c in owner.toplevel.values() if isinstance(c, ast.ClassDef) and func in c.body
+        ]
+    return classes
 
 
 def trains_on_argument(

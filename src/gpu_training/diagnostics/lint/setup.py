@@ -43,7 +43,7 @@ from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
 from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
-from gpu_training.diagnostics.lint.loaders import feeds_training
+from gpu_training.diagnostics.lint.loaders import feeds_training, own_loader_class
 from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.mode_choices import named_mode_beside_ddp
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -105,12 +105,14 @@ class SetupRules:
         self.distributed = distributed
         self.trains = trains
         self.default_cuda: list[tuple[ast.AST, str]] = []
+        self.alone: set[int] = set()  # ids of the calls checked on a one-process path
         """Bare ``.cuda()`` and ``'cuda'`` devices, for ``GT002`` without ``set_device``."""
         self._targets: dict[int, str | None] | None = None
 
     def check(self, call: ast.Call, scope: Scope, *, one_process: bool = False) -> None:
         """Run every set-up rule on one call (``one_process``: in a branch that runs without
         a process group, the ``else:`` of ``if world_size > 1:``)."""
+        self.alone |= {id(call)} if one_process else set()
         name = call_name(call, self.facts.imports)
         last = tail(name)
         method = call.func.attr if isinstance(call.func, ast.Attribute) else None
@@ -124,7 +126,7 @@ class SetupRules:
             and not named_mode_beside_ddp(scope.node, call)
         ):
             self.report(call, "GT001", "one process, one thread per GPU")
-        if last == "DataLoader":
+        if last == "DataLoader" and not own_loader_class(self.facts, call):
             self._data_loader(call, scope, one_process)
         elif self.dist_setup and not one_process:
             self._helper_loader(call, scope)
