@@ -31,7 +31,10 @@ from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
 from gpu_training.diagnostics.lint.fixed_devices import fixed_ddp_devices
 from gpu_training.diagnostics.lint.forward_bypass import bypassed_forwards
-from gpu_training.diagnostics.lint.handed_optimizers import handed_to_training
+from gpu_training.diagnostics.lint.handed_optimizers import (
+    handed_to_training,
+    returned_to_training,
+)
 from gpu_training.diagnostics.lint.helper_devices import helper_default_cuda
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.local_branches import locally_decided_collectives
@@ -122,7 +125,11 @@ def whole_file_rules(checker: FileChecker) -> None:
     for scaler in scalers_with_bf16(all_calls, facts):
         checker.add(scaler, "GT011", "every autocast it meets is bfloat16")
     for optimizer, detail in bf16_adam(facts) if checker.distributed else []:  # a launched run
-        if checker.trains or handed_to_training(facts, optimizer):  # `Trainer(m, opt).step()`
+        if (
+            checker.trains
+            or handed_to_training(facts, optimizer)  # `Trainer(m, opt).step()`
+            or returned_to_training(facts, optimizer)  # `opt = get_optimizer(m)`, then steps
+        ):
             checker.add(optimizer, "GT019", detail)
     for trainer, detail in bf16_trainers(facts):  # the Hugging Face Trainer's own AdamW
         checker.add(trainer, "GT019", detail)

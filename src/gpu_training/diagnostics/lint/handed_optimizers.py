@@ -22,7 +22,7 @@ import ast
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
-__all__ = ["handed_to_training"]
+__all__ = ["handed_to_training", "returned_to_training"]
 
 
 def handed_to_training(facts: ModuleFacts, optimizer: ast.Call) -> bool:
@@ -53,6 +53,41 @@ def handed_to_training(facts: ModuleFacts, optimizer: ast.Call) -> bool:
             if any(resolver.summary((module, m)).trains for m in methods):  # type: ignore[arg-type]
                 return True
     return False
+
+
+def returned_to_training(facts: ModuleFacts, optimizer: ast.Call) -> bool:
+    """Whether the optimizer is what its function returns (``def get_optimizer(model, lr):
+    return torch.optim.AdamW(...)``) to a caller, in this module or another, whose function
+    runs a training step (``backward``, ``zero_grad``, ``optimizer.step()``): the helper only
+    builds it, the caller steps it.
+
+    Args:
+        facts: The file's facts.
+        optimizer: The optimizer's construction.
+    """
+    scope = facts.scope_containing(optimizer)
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    name = _bound(facts, optimizer)
+    returned = any(
+        isinstance(n, ast.Return)
+        and n.value is not None
+        and any(n2 is optimizer or (name and dotted(n2) == name) for n2 in ast.walk(n.value))
+        for n in facts.scope_nodes.get(func, [])
+    )
+    if not returned:
+        return False
+    sites = [(facts, where) for _, where in facts.calls_of(func)]
+    if facts.resolver is not None:
+        sites += [(owner, where) for owner, _, where in facts.resolver.incoming((facts, func))]
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("backward", "zero_grad", "step")
+        for owner, where in sites
+        for n in owner.scope_nodes.get(where.node, [])
+    )
 
 
 def _methods(module: ModuleFacts, cls: ast.ClassDef, depth: int = 0) -> list[ast.AST]:

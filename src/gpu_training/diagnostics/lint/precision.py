@@ -86,13 +86,16 @@ def _bf16_argument(facts: ModuleFacts, func: ast.AST, mentioned: set[str]) -> st
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
     params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-    for call, scope in facts.calls_of(func):
+    sites = [(facts, call, scope) for call, scope in facts.calls_of(func)]
+    if facts.resolver is not None:  # `optimizer = get_optimizer(model, ...)` in another module
+        sites += facts.resolver.incoming((facts, func))
+    for owner, call, scope in sites:
         offset = 1 if params[:1] == ["self"] and isinstance(call.func, ast.Attribute) else 0
         handed = {
             params[i + offset]: a for i, a in enumerate(call.args) if i + offset < len(params)
         }
         handed |= {k.arg: k.value for k in call.keywords if k.arg is not None}
-        bf16, fp32 = scope_dtypes(facts, scope.node)
+        bf16, fp32 = scope_dtypes(owner, scope.node)
         for param, arg in handed.items():
             key = dotted(arg)
             if param in mentioned and key in bf16 and key not in fp32:
