@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gpu_training.diagnostics.lint.bf16_switches import scalers_enabled_by_bf16
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.early_devices import cuda_before_pinning
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
@@ -124,6 +125,8 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(arguments, "GT017", "save_on_each_node=True: the Trainer saves on every node")
     for scaler in scalers_with_bf16(all_calls, facts):
         checker.add(scaler, "GT011", "every autocast it meets is bfloat16")
+    for scaler, detail in scalers_enabled_by_bf16(all_calls, facts):  # enabled=(dtype == "bf16")
+        checker.add(scaler, "GT011", detail)
     for optimizer, detail in bf16_adam(facts) if checker.distributed else []:  # a launched run
         if (
             checker.trains
