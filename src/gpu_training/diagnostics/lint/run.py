@@ -29,6 +29,7 @@ from gpu_training.diagnostics.lint.overridden_methods import GROUP_PREMISED, sin
 from gpu_training.diagnostics.lint.patched_methods import method_sites
 from gpu_training.diagnostics.lint.prefix_loaders import prefix_loaders, reading_back
 from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.unbound_names import raising_spans
 from gpu_training.diagnostics.lint.unimportable import failing_import_line
 
 __all__ = ["RawFinding", "check_project", "check_tree"]
@@ -139,6 +140,10 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
         elif not isinstance(found, str) and orphan_module(project, project.linted[path]):
             spans = unrun_spans(project.linted[path])  # nothing imports or runs the module
             results[path] = [f for f in found if not any(a <= f.line <= b for a, b in spans)]
+    for path, found in results.items():  # nothing after a certain NameError runs either
+        raising = raising_spans(project.linted[path])
+        if raising and not isinstance(found, str):
+            results[path] = [f for f in found if not any(a <= f.line <= b for a, b in raising)]
     return results
 
 
