@@ -41,6 +41,7 @@ import ast
 from dataclasses import replace
 
 from gpu_training.diagnostics.lint.all_but_one import all_but_one
+from gpu_training.diagnostics.lint.borrowed_groups import group_from_helpers
 from gpu_training.diagnostics.lint.bypassed_wrappers import bypasses_wrapper
 from gpu_training.diagnostics.lint.callbacks import referenced_functions
 from gpu_training.diagnostics.lint.caller_branches import branch_contexts, live_branches, note_site
@@ -141,14 +142,13 @@ class FileChecker:
             # a Fabric never launched nor set up starts no processes and no group: one
             # process that only borrows Fabric's loggers or precision plugin
             self.framework = None
-        # what the project's helpers in other modules do (this file's own code is read here)
-        self.callee_summaries = [
+        self.callee_summaries = [  # what the project's helpers in other modules do
             project.summary(ref)
             for c in self.all_calls
             for ref in facts.callees(c)
             if ref[0] is not facts
         ]
-        helper_setup = any(s.creates_group for s in self.callee_summaries)
+        helper_setup = group_from_helpers(facts, project)  # not one another script's trainer
         deepspeed = any(n in ("deepspeed.initialize", "deepspeed.init_distributed") for n in names)
         self.dist_setup = bool(self.tails & DIST_SETUP_CALLS) or spawn or helper_setup or deepspeed
         # `dist.x()` with `dist` never imported nor bound: a snippet that assumes the import.
