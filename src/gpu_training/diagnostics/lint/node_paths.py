@@ -7,7 +7,9 @@
   environment variable names as scratch, temporary or local space (``$LSCRATCH``,
   ``$SLURM_TMPDIR``, ``$TMPDIR``, ``$LOCAL_DIR``), or a literal under ``/tmp``, ``/dev/shm``,
   ``/local`` or ``/scratch_local``. One process per node writing there is the intended
-  pattern (stage the data set onto each node), not a race.
+  pattern (stage the data set onto each node), not a race. A parameter is followed to what
+  every caller passes, and ``args.<option>`` to its command-line default
+  (:mod:`~gpu_training.diagnostics.lint.passed_paths`).
 
 Example:
     >>> import ast
@@ -26,6 +28,7 @@ import re
 
 from gpu_training.diagnostics.lint.calls import call_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.passed_paths import option_default, passed_values
 
 __all__ = ["copied_to", "node_local_disk"]
 
@@ -56,6 +59,13 @@ def node_local_disk(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int 
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and depth < _MAX_DEPTH:
             values = [v for v in facts.lookup_all(node.id, scope) if v is not None]
             if any(node_local_disk(facts, v, scope, depth + 1) for v in values):
+                return True
+            passed = None if values else passed_values(facts, node.id, scope)  # a parameter
+            if passed and all(node_local_disk(m, v, s, depth + 1) for m, v, s in passed):
+                return True
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            default = option_default(facts, node.attr)  # `args.cache_dir`, default="/tmp/..."
+            if default is not None and node_local_disk(facts, default, scope, depth + 1):
                 return True
     return False
 
