@@ -56,12 +56,16 @@ def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
     from_env = (
         _reads_launcher_env(facts) or _reads_launch_rank(facts) or _launched_by_repository(facts)
     )
-    return {
+    seeds = {
         facts.scope_containing(c).node
         for c in facts.calls
         if (_launch_arguments(facts, c) or (from_env and _hf_arguments(facts, c)))
         and facts.scope_containing(c).node in trains
     }
+    if from_env and not seeds and any(_hf_arguments(facts, c) for c in facts.calls):
+        # `main()` parses the arguments and hands them to `train(args)`, which trains
+        seeds = {s for s in trains if _builds_trainer(facts, s)}
+    return seeds
 
 
 def written_for_a_launch(facts: ModuleFacts) -> bool:
@@ -127,15 +131,45 @@ def _splits_model(facts: ModuleFacts, trains: set[ast.AST]) -> bool:
 
 def _reads_launch_rank(facts: ModuleFacts) -> bool:
     """The file reads the rank or world size its parsed training arguments took from the
-    launcher (``training_args.local_rank``, ``.world_size``, ``.process_index``): it is
-    written for a launch of several processes."""
+    launcher (``training_args.local_rank``, ``.world_size``, ``.process_index``, also as its
+    trainer's ``trainer.args.process_index``): it is written for a launch of several
+    processes."""
     return any(
         isinstance(node, ast.Attribute)
         and isinstance(node.ctx, ast.Load)
         and node.attr in _LAUNCH_ATTRS
-        and isinstance(node.value, ast.Name)
-        and node.value.id in _parsed_arguments(facts)
+        and (
+            (isinstance(node.value, ast.Name) and node.value.id in _parsed_arguments(facts))
+            or _trainer_arguments(facts, node.value)  # `trainer.args.process_index`
+        )
         for node in facts.nodes
+    )
+
+
+def _builds_trainer(facts: ModuleFacts, scope: ast.AST) -> bool:
+    """The scope builds a Hugging Face ``Trainer`` (``Trainer``, ``Seq2SeqTrainer``,
+    ``SFTTrainer``) that it trains."""
+    return any(
+        facts.scope_containing(c).node is scope
+        and call_name(c, facts.imports).split(".")[0] in _PACKAGES
+        and tail(call_name(c, facts.imports)).endswith("Trainer")
+        for c in facts.calls
+    )
+
+
+def _trainer_arguments(facts: ModuleFacts, node: ast.expr) -> bool:
+    """``trainer.args``: the training arguments of a name bound to a Hugging Face trainer."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "args"):
+        return False
+    owner = node.value
+    if not isinstance(owner, ast.Name):
+        return False
+    values = facts.lookup_all(owner.id, facts.scope_containing(node))
+    return bool(values) and all(
+        isinstance(v, ast.Call)
+        and call_name(v, facts.imports).split(".")[0] in _PACKAGES
+        and tail(call_name(v, facts.imports)).endswith("Trainer")
+        for v in values
     )
 
 
