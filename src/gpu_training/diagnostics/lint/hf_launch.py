@@ -8,7 +8,8 @@ it once per GPU and every process runs it from the top. The ``Trainer`` guards i
 The same holds for a script that reads a variable only a launcher sets (``LOCAL_RANK``), and
 for one the repository's own shell scripts start with a launcher of one process per GPU
 (``deepspeed src/train.py --deepspeed ds.json``, ``torchrun --nproc_per_node 8 train.py``),
-whose training arguments come from ``HfArgumentParser`` or a ``TrainingArguments`` call.
+whose training arguments come from ``HfArgumentParser`` or a ``TrainingArguments`` call, or
+that is a copy of a script they so start (:mod:`~gpu_training.diagnostics.lint.launched_siblings`).
 A script that does none of these is not taken as distributed (one GPU is the common case),
 nor one that spreads its model over several GPUs in one process (``device_map="auto"``, a
 map naming several devices, ``dispatch_model``), which DDP cannot train.
@@ -31,6 +32,7 @@ import os
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.collectives import UNDECIDED, literal
+from gpu_training.diagnostics.lint.launched_siblings import launched_copy
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import multi_process_launches, repository_of
 
@@ -54,7 +56,10 @@ def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
     if _splits_model(facts, trains):
         return set()  # one process drives several GPUs: DDP cannot train such a model
     from_env = (
-        _reads_launcher_env(facts) or _reads_launch_rank(facts) or _launched_by_repository(facts)
+        _reads_launcher_env(facts)
+        or _reads_launch_rank(facts)
+        or _launched_by_repository(facts)
+        or (facts.path not in ("", "<string>") and launched_copy(facts.path))  # a variant
     )
     seeds = {
         facts.scope_containing(c).node
