@@ -70,7 +70,6 @@ EVAL_NAME = re.compile(r"val|eval|test|dev", re.I)
 _DEVICE_ID_TAKERS = frozenset({"FullyShardedDataParallel", "FSDP"})  # their device_id= is a GPU
 _CUDA_INDEX = re.compile(r"^cuda:\d+$")
 _GLOBAL_RANK_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
-_LIBRARY_GLOBAL_RANKS = frozenset({"process_index", "global_rank"})  # a library object's rank
 
 
 class SetupRules:
@@ -394,10 +393,8 @@ class SetupRules:
             indices += call.args[:1]
         elif method in ("to", "cuda"):
             indices += call.args[:1] + [k.value for k in call.keywords if k.arg == "device"]
-        elif last == "device" and len(call.args) == 2:
-            indices.append(call.args[1])  # torch.device("cuda", rank)
-        elif name == "torch.cuda.device" and len(call.args) == 1:
-            indices.append(call.args[0])  # `with torch.cuda.device(rank):` selects that GPU
+        elif last == "device" and (len(call.args) == 2 or name == "torch.cuda.device"):
+            indices += call.args[-1:]  # torch.device("cuda", rank), torch.cuda.device(rank)
         elif last in ("DistributedDataParallel", "DDP"):
             ids = keyword_arg(call, "device_ids")
             if isinstance(ids, (ast.List, ast.Tuple)):
@@ -485,7 +482,7 @@ def global_rank_source(
         if key is None:
             return None
         values = facts.lookup_all(key, scope)
-        if not values and isinstance(expr, ast.Attribute) and expr.attr in _LIBRARY_GLOBAL_RANKS:
+        if not values and getattr(expr, "attr", "") in ("process_index", "global_rank"):
             return f"{key} is the global rank"  # Accelerate's/HF's process_index, Lightning's
         if values and all(v is None for v in values) and isinstance(expr, ast.Name):
             return _unpacked_global_rank(facts, expr.id, scope, len(values)) or _passed_global_rank(
