@@ -151,3 +151,61 @@ def test_a_module_whose_top_level_calls_its_functions_is_a_script(tmp_path: Path
     (root / "evaluation.py").write_text(_OLD_COPY + "\nEvaluation()(1)\n")
     (root / "train.py").write_text(_TRAIN.format(module="evaluator", name="evaluate"))
     assert ("evaluation.py", 7) in _gt007(root)
+
+
+def _sub_packages(root: Path) -> None:
+    """A package ``src/`` whose scripts use ``src.pretrain``; ``src.sft`` re-exports its
+    trainer from its own ``__init__.py`` and nothing else imports it."""
+    (root / ".git").mkdir()
+    files = {
+        "src/__init__.py": "from .pretrain import PretrainTrainer\n",
+        "src/pretrain/__init__.py": "from .trainer import PretrainTrainer\n",
+        "src/pretrain/trainer.py": (
+            "import torch\n\n\nclass PretrainTrainer:\n    def fit(self):\n"
+            '        torch.save({"a": 1}, "pretrain.pt")\n'
+        ),
+        "src/sft/__init__.py": "from .trainer import SFTTrainer\n",
+        "src/sft/trainer.py": (
+            "import torch\nimport torch.distributed as dist\n\n\nclass SFTTrainer:\n"
+            '    def fit(self):\n        dist.barrier()\n        torch.save({"a": 1}, "sft.pt")\n'
+        ),
+        "scripts/pretrain.py": (
+            "import torch.distributed as dist\nfrom src.pretrain import PretrainTrainer\n\n"
+            'if __name__ == "__main__":\n    dist.init_process_group("nccl")\n'
+            "    PretrainTrainer().fit()\n"
+        ),
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_sub_package_only_its_own_init_imports_is_not_read(tmp_path: Path) -> None:
+    _sub_packages(tmp_path)
+    assert _gt007(tmp_path) == [("scripts/pretrain.py", 6), ("src/pretrain/trainer.py", 6)]
+
+
+def test_a_sub_package_a_script_imports_is_read(tmp_path: Path) -> None:
+    _sub_packages(tmp_path)
+    (tmp_path / "scripts" / "sft.py").write_text(
+        "import torch.distributed as dist\nimport src.sft as sft\n\n"
+        'if __name__ == "__main__":\n    dist.init_process_group("nccl")\n'
+        "    sft.SFTTrainer().fit()\n"
+    )
+    assert ("src/sft/trainer.py", 8) in _gt007(tmp_path)
+
+
+def test_a_sub_package_a_launcher_runs_is_read(tmp_path: Path) -> None:
+    _sub_packages(tmp_path)
+    (tmp_path / "run_sft.sh").write_text("torchrun --nproc_per_node 8 -m src.sft.trainer\n")
+    assert ("src/sft/trainer.py", 8) in _gt007(tmp_path)
+
+
+def test_a_sub_package_with_a_script_of_its_own_is_read(tmp_path: Path) -> None:
+    _sub_packages(tmp_path)
+    (tmp_path / "src" / "sft" / "train.py").write_text(
+        "import torch.distributed as dist\nfrom src.sft.trainer import SFTTrainer\n\n"
+        'if __name__ == "__main__":\n    dist.init_process_group("nccl")\n'
+        "    SFTTrainer().fit()\n"
+    )
+    assert ("src/sft/trainer.py", 8) in _gt007(tmp_path)

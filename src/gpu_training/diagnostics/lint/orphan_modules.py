@@ -10,6 +10,13 @@ is in use, i.e. a linted file imports a module beside it (the same directory, or
 top-level package, by path or by its dotted name): a directory of stand-alone snippets, or one file linted alone, keeps
 every finding. The module's own top level still runs if someone runs the file.
 
+A sub-package is an orphan the same way (:func:`_orphan_package`): its ``__init__.py``
+re-exports its modules (``from .trainer import SFTTrainer``), so each of them is imported,
+but by a module that never runs when nothing outside the package imports the package or
+any module in it, nothing runs one of its modules, and no string or file names it
+(``pkg.sft``, ``pkg/sft/__init__.py``). A top-level package is left alone: what installs
+or runs it is not followed here.
+
 Example:
     >>> import ast, tempfile
     >>> from pathlib import Path
@@ -136,6 +143,7 @@ class _Index:
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
         )
         self.strings = "\0" + "\0".join(strings) + "\0"
+        self._under: dict[Path, list[ModuleFacts]] | None = None
         self.by_name: dict[str, list[ModuleFacts]] = {}
         for facts in project.linted.values():
             prefixes: set[str] = set()
@@ -144,6 +152,22 @@ class _Index:
                 prefixes.update(".".join(parts[: i + 1]) for i in range(len(parts)))
             for prefix in prefixes:
                 self.by_name.setdefault(prefix, []).append(facts)
+
+    def importers_under(self, project: Project, directory: Path) -> list[ModuleFacts]:
+        """The linted modules that import a module or package inside ``directory`` (a
+        resolved path), by a path the project resolves; built once, per ancestor directory."""
+        if self._under is None:
+            self._under = {}
+            for other in project.linted.values():
+                for module, level, _ in other.imports.origins.values():
+                    target = project.module_file(other.path, module, level)
+                    if target is None:
+                        continue
+                    for parent in (target.resolve(), *target.resolve().parents):
+                        users = self._under.setdefault(parent, [])
+                        if not users or users[-1] is not other:
+                            users.append(other)
+        return self._under.get(directory, [])
 
     def importers_by_name(self, dotted: str) -> list[ModuleFacts]:
         """The linted modules whose absolute imports name the module or package ``dotted``
@@ -185,7 +209,9 @@ def orphan_module(project: Project, facts: ModuleFacts) -> bool:
 
 def _orphan(project: Project, facts: ModuleFacts) -> bool:
     path = Path(facts.path)
-    if facts.path.startswith("<") or path.name in ("__init__.py", "setup.py", "conftest.py"):
+    if path.name == "__init__.py" and not facts.path.startswith("<"):
+        return _orphan_package(project, facts, path.resolve().parent)
+    if facts.path.startswith("<") or path.name in ("setup.py", "conftest.py"):
         return False
     if len(project.linted) < 2 or _runs_itself(facts.tree):
         return False
@@ -217,6 +243,41 @@ def _orphan(project: Project, facts: ModuleFacts) -> bool:
     text = _repository_text(repository_of(facts.path))
     named = file_path in text or ("." in dotted and dotted in text)
     return not named
+
+
+def _orphan_package(project: Project, facts: ModuleFacts, package: Path) -> bool:
+    """Whether a sub-package's ``__init__.py`` never runs: nothing outside the package
+    imports it or a module in it (or only orphans do), none of its modules runs itself, and
+    nothing names it (see the module's text)."""
+    if len(project.linted) < 2 or not (package.parent / "__init__.py").is_file():
+        return False  # a top-level package (or no package): installed or run from outside
+    facts.memo["orphan-module"] = False  # an import cycle: imported
+    index = _index(project)
+    members = [
+        other
+        for other in project.linted.values()
+        if other.path in index.paths and index.paths[other.path].is_relative_to(package)
+    ]
+    if any(_runs_itself(member.tree) for member in members):
+        return False  # `python pkg/sft/train.py` runs the package's code
+    top = _package_top(package / "__init__.py")
+    dotted, file_path = _names(package / "__init__.py", top)
+    dotted = dotted.removesuffix(".__init__")
+    importers = [*index.importers_under(project, package), *index.importers_by_name(dotted)]
+    outside = [
+        other
+        for other in importers
+        if other.path not in index.paths or not index.paths[other.path].is_relative_to(package)
+    ]
+    if any(not orphan_module(project, other) for other in outside):
+        return False
+    inside = {id(member) for member in members}
+    if not any(project.importers_of(o) for o in project.linted.values() if id(o) not in inside):
+        return False  # nothing of this code base is imported: stand-alone files
+    if index.named_in_strings(dotted, file_path):
+        return False
+    text = _repository_text(repository_of(facts.path))
+    return file_path not in text and dotted not in text
 
 
 def unrun_spans(facts: ModuleFacts) -> list[tuple[int, int]]:
