@@ -149,6 +149,8 @@ class LoopAnalysis:
             return None
         if launched_without_accumulation(self.facts, loop):
             return None  # every shipped launch passes an accumulation count of 1
+        if _engine_steps_after(call, loop):
+            return None  # `engine.backward(loss); engine.step()`: the engine's accumulation
         for block, index in reversed(_enclosing_blocks(getattr(loop, "body", []), call)):
             for at, stmt in enumerate(block[index + 1 :], index + 1):
                 if isinstance(stmt, ast.Expr) and self._is_optimizer_step(stmt.value, scope):
@@ -389,6 +391,25 @@ def _syncs(expr: ast.AST) -> bool:
         if isinstance(node, ast.Attribute) and node.attr in _SYNC_CONTEXTS:
             return True
     return False
+
+
+def _engine_steps_after(call: ast.Call, loop: ast.stmt) -> bool:
+    """``model.backward(loss)`` whose receiver also ``step()``s later in the loop: an engine
+    (DeepSpeed's, or any object that takes the loss and steps itself), not a module. An
+    ``nn.Module`` has no ``backward``; an engine holds its own accumulation boundary (it
+    reduces gradients and updates only at the end of its ``gradient_accumulation_steps``), so
+    no ``no_sync()`` is missing. ``loss.backward()`` (no argument) is a tensor's."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "backward" and call.args):
+        return False
+    receiver = dotted(call.func.value)
+    return receiver is not None and any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "step"
+        and dotted(node.func.value) == receiver
+        and node_start(node) > node_start(call)
+        for node in ast.walk(loop)
+    )
 
 
 def _is_backward(node: ast.AST) -> bool:
