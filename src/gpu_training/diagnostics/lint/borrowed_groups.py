@@ -34,6 +34,7 @@ import ast
 import os
 import re
 
+from gpu_training.diagnostics.lint.calls import has_main_block
 from gpu_training.diagnostics.lint.hf_launch import written_for_a_launch
 from gpu_training.diagnostics.lint.model import RANK_ATTRS, ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
@@ -52,10 +53,7 @@ _DISTRIBUTED_PACKAGES = (
 
 def entry_script(facts: ModuleFacts) -> bool:
     """The module has an ``if __name__ == "__main__":`` block of its own."""
-    return any(
-        isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
-        for node in facts.tree.body
-    )
+    return has_main_block(facts.tree)
 
 
 def rank_aware(facts: ModuleFacts) -> bool:

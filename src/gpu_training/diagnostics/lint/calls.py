@@ -2,7 +2,8 @@
 
 Every rule module asks an ``ast.Call`` the same few questions — what is the callee called
 (``torch.utils.data.DataLoader`` → ``DataLoader``), what did it get as ``shuffle``, by keyword
-or by position, where does it start? — so the answers live here once, below
+or by position, where does it start, does the module run itself (an ``if __name__ ==
+"__main__":`` block)? — so the answers live here once, below
 :mod:`~gpu_training.diagnostics.lint.checks`, :mod:`~gpu_training.diagnostics.lint.ranks` and
 :mod:`~gpu_training.diagnostics.lint.training_loop`, which all import them.
 
@@ -19,7 +20,16 @@ from __future__ import annotations
 
 import ast
 
-__all__ = ["call_arg", "is_const", "keyword_arg", "node_start", "parameter_index", "tail"]
+__all__ = [
+    "call_arg",
+    "has_main_block",
+    "is_const",
+    "is_main_block",
+    "keyword_arg",
+    "node_start",
+    "parameter_index",
+    "tail",
+]
 
 
 def tail(name: str | None) -> str:
@@ -78,3 +88,13 @@ def is_const(expr: ast.expr | None, value: object) -> bool:
 def node_start(node: ast.AST) -> tuple[int, int]:
     """Where a node starts: ``(line, col)``, ``col`` 0-based as in :mod:`ast`."""
     return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+
+
+def is_main_block(node: ast.AST) -> bool:
+    """``if __name__ == "__main__":`` (any test that names ``"__main__"``)."""
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+
+def has_main_block(tree: ast.Module) -> bool:
+    """The module runs itself: a top-level ``if __name__ == "__main__":`` block."""
+    return any(is_main_block(node) for node in tree.body)

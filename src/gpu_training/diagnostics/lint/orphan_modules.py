@@ -41,6 +41,7 @@ import functools
 import weakref
 from pathlib import Path
 
+from gpu_training.diagnostics.lint.calls import is_main_block
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
@@ -77,7 +78,7 @@ def _runs_itself(tree: ast.Module) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
     }
     for node in tree.body:
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+        if is_main_block(node):
             return True
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             return True  # `main()`, `dist.init_process_group(...)` at the top level

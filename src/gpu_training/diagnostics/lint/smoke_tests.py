@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 
+from gpu_training.diagnostics.lint.calls import is_main_block
 from gpu_training.diagnostics.lint.model import dotted
 
 __all__ = ["main_block_smoke_test"]
@@ -44,11 +45,7 @@ def main_block_smoke_test(tree: ast.Module, call: ast.Call, *, trains: bool) -> 
     """
     if trains:
         return False
-    blocks = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
-    ]
+    blocks = [node for node in tree.body if is_main_block(node)]
     if not any(call in ast.walk(block) for block in blocks):
         return False
     return not any(

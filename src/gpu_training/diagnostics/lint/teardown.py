@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import node_start, tail
+from gpu_training.diagnostics.lint.calls import has_main_block, node_start, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
 from gpu_training.diagnostics.lint.ranks import RankAnalysis
 from gpu_training.diagnostics.lint.summary import Summary
@@ -59,10 +59,7 @@ def missing_destroy(
         ``(the creating call, evidence)``, or None.
     """
     calls = facts.calls
-    script = any(
-        isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
-        for node in facts.tree.body
-    )
+    script = has_main_block(facts.tree)
     if not trains and not (script and _talks_to_other_ranks(facts, calls, summaries, ranks)):
         return None  # a set-up fragment: nothing here trains, or a snippet that is never run
     tails = {tail(call_name(c, facts.imports)) for c in calls}

@@ -33,6 +33,7 @@ import ast
 import builtins
 from collections.abc import Iterator
 
+from gpu_training.diagnostics.lint.calls import has_main_block
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
 __all__ = ["complete_program", "raising_spans", "unbound_names"]
@@ -118,11 +119,7 @@ def complete_program(facts: ModuleFacts) -> bool:
     and runs itself under ``if __name__ == "__main__":``. A snippet (a guide's excerpt, a test
     case) reads names its context would bind (``model``, ``loader``); a program that parses
     its own arguments and runs has no such context."""
-    runs_itself = any(
-        isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
-        for node in facts.tree.body
-    )
-    return runs_itself and any(
+    return has_main_block(facts.tree) and any(
         isinstance(node, ast.Call)
         and (dotted(node.func) or "").rsplit(".", 1)[-1].endswith("ArgumentParser")
         for node in facts.nodes

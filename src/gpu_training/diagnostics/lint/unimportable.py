@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 
+from gpu_training.diagnostics.lint.calls import is_main_block
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
 
@@ -66,11 +67,6 @@ def _missing_from_package(project: Project, importer: str, module: str, level: i
     )
 
 
-def _runs_itself(node: ast.stmt) -> bool:
-    """``if __name__ == "__main__":`` — whoever runs the script fixes what it imports first."""
-    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
-
-
 def failing_import_line(project: Project, facts: ModuleFacts, depth: int = 0) -> int | None:
     """The line of the first top-level import that raises ``ImportError``, or None.
 
@@ -92,7 +88,7 @@ def failing_import_line(project: Project, facts: ModuleFacts, depth: int = 0) ->
     facts.memo[_MEMO] = None  # an import cycle resolves as "imports fine"
     found: int | None = None
     body = facts.tree.body
-    for node in [] if any(_runs_itself(n) for n in body) else body:  # entry script: not judged
+    for node in [] if any(is_main_block(n) for n in body) else body:  # entry script: not judged
         if "sys.path" in ast.unparse(node):
             break  # the imports below resolve against a path set at run time
         for module, level in _imported(node):
