@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpu_training.diagnostics.lint.frameworks import file_framework
 from gpu_training.diagnostics.lint.model import ModuleFacts
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _ACCELERATE_TRAINER = """\
 import torch
@@ -223,12 +223,7 @@ if __name__ == "__main__":
 
 
 def _gt019(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT019")
+    return repo_findings(root, files, "GT019")
 
 
 def test_a_trainer_class_casting_to_its_configured_dtype(tmp_path: Path) -> None:

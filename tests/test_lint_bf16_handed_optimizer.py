@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _TRAINER_MODULE = """\
 class BaseTrainer:
@@ -80,11 +80,7 @@ if __name__ == "__main__":
 
 
 def _gt019(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT019")
+    return repo_findings(root, files, "GT019")
 
 
 def test_an_optimizer_stepped_by_the_projects_trainer_class(tmp_path: Path) -> None:

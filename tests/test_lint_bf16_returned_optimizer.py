@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _HELPERS = """\
 import torch
@@ -99,13 +99,7 @@ main()
 
 
 def _gt019(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT019")
+    return repo_findings(root, files, "GT019")
 
 
 @pytest.mark.parametrize(

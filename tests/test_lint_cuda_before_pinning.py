@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _HF_TRAINER = """\
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
@@ -52,11 +52,7 @@ main(build_loader())
 
 
 def _gt002(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT002")
+    return repo_findings(root, files, "GT002")
 
 
 def test_a_launched_trainer_moves_its_model_before_training_arguments(tmp_path: Path) -> None:

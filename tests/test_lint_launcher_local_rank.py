@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _TORCHRUN = """\
 import os
@@ -97,26 +97,18 @@ if __name__ == "__main__":
 """
 
 
-def _found(root: Path, files: dict[str, str], code: str) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    return sorted(
-        (Path(f.path).name, f.line) for f in lint_paths([root]).findings if f.code == code
-    )
-
-
 def test_a_torchrun_local_rank_given_as_the_group_rank(tmp_path: Path) -> None:
-    assert _found(tmp_path, {"train.py": _TORCHRUN}, "GT017") == [("train.py", 8)]
+    assert repo_findings(tmp_path, {"train.py": _TORCHRUN}, "GT017") == [("train.py", 8)]
 
 
 def test_the_launch_argument_given_as_the_group_rank(tmp_path: Path) -> None:
-    assert _found(tmp_path, {"pretrain.py": _LAUNCH_ARGUMENT}, "GT017") == [("pretrain.py", 15)]
+    assert repo_findings(tmp_path, {"pretrain.py": _LAUNCH_ARGUMENT}, "GT017") == [
+        ("pretrain.py", 15)
+    ]
 
 
 def test_a_spawn_index_that_makes_a_one_machine_group(tmp_path: Path) -> None:
-    assert _found(tmp_path, {"train.py": _SPAWN}, "GT017") == []
+    assert repo_findings(tmp_path, {"train.py": _SPAWN}, "GT017") == []
 
 
 _SCRIPT = "CUDA_VISIBLE_DEVICES=0,1 accelerate launch {flags} \\\\\n    train.py --lr 1e-4\n"
@@ -128,7 +120,7 @@ def test_save_state_under_a_multi_gpu_launch(tmp_path: Path, flags: str) -> None
     sharding library: Accelerate's default launch on several GPUs, DDP (issue 33, set 17)."""
     script = _SCRIPT.format(flags=flags)
     files = {"train.py": _ACCELERATE, "scripts/train.sh": script}
-    assert _found(tmp_path, files, "GT009") == []
+    assert repo_findings(tmp_path, files, "GT009") == []
 
 
 @pytest.mark.parametrize(
@@ -141,4 +133,4 @@ def test_save_state_under_a_multi_gpu_launch(tmp_path: Path, flags: str) -> None
 )
 def test_save_state_under_a_sharded_or_unknown_launch(tmp_path: Path, flags: str) -> None:
     files = {"train.py": _ACCELERATE, "run.sh": _SCRIPT.format(flags=flags)}
-    assert _found(tmp_path, files, "GT009") == [("train.py", 11)]
+    assert repo_findings(tmp_path, files, "GT009") == [("train.py", 11)]

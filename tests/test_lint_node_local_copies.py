@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _DEEPSPEED_CONFIG_COPY = """\
 import os
@@ -145,11 +145,7 @@ for epoch in range(3):
 
 
 def _gt017(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT017")
+    return repo_findings(root, files, "GT017")
 
 
 def test_a_config_dict_holding_local_rank(tmp_path: Path) -> None:

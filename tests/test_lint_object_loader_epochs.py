@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _DATA_MODULE = """\
 import torch.distributed as dist
@@ -84,11 +84,7 @@ if __name__ == "__main__":
 
 
 def _gt005(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT005")
+    return repo_findings(root, files, "GT005")
 
 
 def test_an_epoch_loop_counting_the_batches_of_an_objects_loader(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _OWN = """\
 import numpy as np
@@ -74,11 +74,7 @@ if __name__ == "__main__":
 
 
 def _gt003(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT003")
+    return repo_findings(root, files, "GT003")
 
 
 def test_own_loader_class_in_the_script(tmp_path: Path) -> None:

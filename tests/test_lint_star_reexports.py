@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _TRAIN_UTILS = """\
 from accelerate import Accelerator
@@ -84,12 +84,7 @@ if __name__ == "__main__":
 
 
 def _gt013(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT013")
+    return repo_findings(root, files, "GT013")
 
 
 def test_a_training_loop_re_exported_by_a_star_import(tmp_path: Path) -> None:

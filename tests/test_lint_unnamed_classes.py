@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _DATA = """\
 from torch.utils.data import DataLoader, DistributedSampler
@@ -64,12 +64,7 @@ if __name__ == "__main__":
 
 
 def _gt003(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT003")
+    return repo_findings(root, files, "GT003")
 
 
 def test_a_loader_of_a_class_nothing_names(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _DEEPSPEED = """\
 import argparse
@@ -144,11 +144,7 @@ def batches():
 
 
 def _gt002(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT002")
+    return repo_findings(root, files, "GT002")
 
 
 @pytest.mark.parametrize("move", ["model.cuda()", 'model.to("cuda")', "model.half().cuda()"])

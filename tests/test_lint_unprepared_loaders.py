@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _ACCELERATE = """\
 import torch
@@ -80,11 +80,7 @@ main(build_dataset(), build_model())
 
 
 def _gt003(root: Path, files: dict[str, str]) -> list[tuple[str, int]]:
-    (root / ".git").mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    found = lint_paths([root]).findings
-    return sorted((Path(f.path).name, f.line) for f in found if f.code == "GT003")
+    return repo_findings(root, files, "GT003")
 
 
 @pytest.mark.parametrize(
