@@ -93,6 +93,7 @@ class Project:
         self._search_cache: dict[Path, list[Path]] = {}
         self._importers: dict[Path, list[ModuleFacts]] | None = None
         self._incoming: dict[int, list[tuple[ModuleFacts, ast.Call, Scope]]] | None = None
+        self._members: dict[tuple[Path | None, tuple[str, ...], int, bool], list[FuncRef]] = {}
         self.distributed: set[str] | None = None
         """The linted files that run under a process group, once the checks know."""
 
@@ -106,6 +107,7 @@ class Project:
         self._attributes = None
         self._importers = None
         self._incoming = None
+        self._members.clear()
         return facts
 
     def facts_for(self, path: Path) -> ModuleFacts | None:
@@ -283,6 +285,19 @@ class Project:
 
     def _member(
         self, path: Path | None, names: list[str], depth: int, classes: bool = False
+    ) -> list[FuncRef]:
+        """What ``names`` reach in the module at ``path``, through re-exports and star imports.
+
+        Memoised: a package whose ``__init__`` star-imports its modules, each star-importing
+        the next (the standard library's ``asyncio``), reaches one module along many paths,
+        which without the memo is exponential in the depth."""
+        key = (path, tuple(names), depth, classes)
+        if key not in self._members:
+            self._members[key] = self._member_uncached(path, names, depth, classes)
+        return self._members[key]
+
+    def _member_uncached(
+        self, path: Path | None, names: list[str], depth: int, classes: bool
     ) -> list[FuncRef]:
         if path is None or not names or depth > 8:
             return []
