@@ -197,7 +197,10 @@ def test_a_sub_package_a_script_imports_is_read(tmp_path: Path) -> None:
 
 def test_a_sub_package_a_launcher_runs_is_read(tmp_path: Path) -> None:
     _sub_packages(tmp_path)
-    (tmp_path / "run_sft.sh").write_text("torchrun --nproc_per_node 8 -m src.sft.trainer\n")
+    (tmp_path / "src" / "sft" / "__main__.py").write_text(
+        "from .trainer import SFTTrainer\n\nSFTTrainer().fit()\n"
+    )
+    (tmp_path / "run_sft.sh").write_text("torchrun --nproc_per_node 8 -m src.sft\n")
     assert ("src/sft/trainer.py", 8) in _gt007(tmp_path)
 
 

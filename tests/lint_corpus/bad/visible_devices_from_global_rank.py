@@ -19,5 +19,8 @@ def setup_from_env():
 
 
 if __name__ == "__main__":
-    setup_from_mpi()
+    if "RANK" in os.environ:  # torchrun
+        setup_from_env()
+    else:  # mpirun
+        setup_from_mpi()
     dist.destroy_process_group()

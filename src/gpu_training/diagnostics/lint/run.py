@@ -21,6 +21,7 @@ import ast
 from gpu_training.diagnostics.lint.checks import BASE_INHERITED, FileChecker
 from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.context import Ctx, RawFinding
+from gpu_training.diagnostics.lint.dead_code import dead_spans
 from gpu_training.diagnostics.lint.helper_collectives import call_site_collectives
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
 from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
@@ -144,6 +145,10 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
         raising = raising_spans(project.linted[path])
         if raising and not isinstance(found, str):
             results[path] = [f for f in found if not any(a <= f.line <= b for a, b in raising)]
+    for path, unreached in dead_spans(project).items():  # nor what no running code reaches
+        kept = results.get(path)
+        if kept is not None and not isinstance(kept, str):
+            results[path] = [f for f in kept if not any(a <= f.line <= b for a, b in unreached)]
     return results
 
 
