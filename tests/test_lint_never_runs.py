@@ -137,6 +137,63 @@ def test_an_installed_top_level_package_is_not_judged(tmp_path: Path) -> None:
     assert {code for _, code in _codes(root, "tester.py")} == {"GT007"}
 
 
+def _name_layout(init: str) -> dict[str, str]:
+    """``pkg/datasets/__init__.py`` is ``init``; the tester imports ``build_dataset`` from it."""
+    return {
+        "pkg/__init__.py": "",
+        "pkg/datasets/__init__.py": init,
+        "pkg/datasets/coco.py": "def load():\n    return []\n",
+        "pkg/tester.py": _TESTER.format(package="pkg"),
+        "train.py": _TRAIN.format(
+            call="from pkg.tester import Tester\n    Tester(model, cfg).test()"
+        ),
+    }
+
+
+def test_a_name_its_package_does_not_bind_fails_the_import(tmp_path: Path) -> None:
+    """Set 20: ``from src.data import RLDataset`` where ``src/data/__init__.py`` exports other
+    names only: the trainer module raises ``ImportError`` and none of its code runs."""
+    root = _repository(tmp_path, _name_layout("from .coco import load\n"))
+    assert _codes(root, "tester.py") == set()
+
+
+@pytest.mark.parametrize(
+    "init",
+    [
+        "from .coco import load as build_dataset\n",
+        "try:\n    from .coco import load\nexcept ImportError:\n    load = None\n"
+        "build_dataset = load\n",
+        "def build_dataset(cfg):\n    return []\n",
+        "from .coco import *\n",  # may bind it: not judged
+        "def __getattr__(name):\n    return None\n",
+        "globals()['build_dataset'] = print\n",
+    ],
+)
+def test_a_name_its_package_binds_or_may_bind_imports(tmp_path: Path, init: str) -> None:
+    root = _repository(tmp_path, _name_layout(init))
+    assert {code for _, code in _codes(root, "tester.py")} == {"GT007"}
+
+
+def test_a_script_run_at_its_top_level_is_still_judged(tmp_path: Path) -> None:
+    """Set 6: a fine-tuning script with no ``__main__`` block, its code at the top level,
+    imports a class its model module no longer defines; whoever runs it fixes the import
+    first, and then its writes run on every rank."""
+    files = _name_layout("from .coco import load\n")
+    script = _TESTER.format(package="pkg") + (
+        "\n\ndist.init_process_group('nccl')\nTester(torch.nn.Linear(2, 2), None).test()\n"
+    )
+    files = {**files, "finetune.py": script}
+    root = _repository(tmp_path, files)
+    assert {code for _, code in _codes(root, "finetune.py")} >= {"GT007"}
+
+
+def test_a_submodule_of_that_name_imports(tmp_path: Path) -> None:
+    files = _name_layout("")
+    files["pkg/datasets/build_dataset.py"] = "def __call__():\n    return []\n"
+    root = _repository(tmp_path, files)
+    assert {code for _, code in _codes(root, "tester.py")} == {"GT007"}
+
+
 _TEMP_HELPER = """\
 import json
 import tempfile

@@ -28,6 +28,7 @@ __all__ = [
     "keyword_arg",
     "node_start",
     "parameter_index",
+    "runs_itself",
     "tail",
 ]
 
@@ -98,3 +99,25 @@ def is_main_block(node: ast.AST) -> bool:
 def has_main_block(tree: ast.Module) -> bool:
     """The module runs itself: a top-level ``if __name__ == "__main__":`` block."""
     return any(is_main_block(node) for node in tree.body)
+
+
+def runs_itself(tree: ast.Module) -> bool:
+    """A script: an ``if __name__ == "__main__":`` block, a call at the top level, or a top
+    level that binds what a function or class of its own returns (``python evaluation.py``
+    runs it)."""
+    own = {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    for node in tree.body:
+        if is_main_block(node):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return True  # `main()`, `dist.init_process_group(...)` at the top level
+        if isinstance(node, ast.Assign) and any(
+            isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in own
+            for sub in ast.walk(node)
+        ):
+            return True
+    return False

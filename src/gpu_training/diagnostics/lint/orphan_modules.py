@@ -41,7 +41,7 @@ import functools
 import weakref
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.calls import is_main_block
+from gpu_training.diagnostics.lint.calls import runs_itself
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
@@ -66,28 +66,6 @@ _TEXT_SUFFIXES = (
     ".sbatch",
     ".ini",
 )
-
-
-def _runs_itself(tree: ast.Module) -> bool:
-    """A script: an ``if __name__ == "__main__":`` block, a call at the top level, or a top
-    level that binds what a function or class of its own returns (``python evaluation.py``
-    runs it)."""
-    own = {
-        node.name
-        for node in tree.body
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-    }
-    for node in tree.body:
-        if is_main_block(node):
-            return True
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            return True  # `main()`, `dist.init_process_group(...)` at the top level
-        if isinstance(node, ast.Assign) and any(
-            isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in own
-            for sub in ast.walk(node)
-        ):
-            return True
-    return False
 
 
 def _package_top(path: Path) -> Path:
@@ -214,7 +192,7 @@ def _orphan(project: Project, facts: ModuleFacts) -> bool:
         return _orphan_package(project, facts, path.resolve().parent)
     if facts.path.startswith("<") or path.name in ("setup.py", "conftest.py"):
         return False
-    if len(project.linted) < 2 or _runs_itself(facts.tree):
+    if len(project.linted) < 2 or runs_itself(facts.tree):
         return False
     facts.memo["orphan-module"] = False  # an import cycle: imported
     top = _package_top(path.resolve())
@@ -259,7 +237,7 @@ def _orphan_package(project: Project, facts: ModuleFacts, package: Path) -> bool
         for other in project.linted.values()
         if other.path in index.paths and index.paths[other.path].is_relative_to(package)
     ]
-    if any(_runs_itself(member.tree) for member in members):
+    if any(runs_itself(member.tree) for member in members):
         return False  # `python pkg/sft/train.py` runs the package's code
     top = _package_top(package / "__init__.py")
     dotted, file_path = _names(package / "__init__.py", top)

@@ -4,11 +4,15 @@
 ``model/pointcept/`` is a regular package of the repository (it has an ``__init__.py``) and
 holds no ``datasets`` module or package, raises ``ImportError`` when the module is imported or
 run: nothing after that line ever executes, so no rank writes, loads or all-reduces there (a
-vendored tester whose datasets the repository does not ship). The same holds for a module
-that imports such a module at its top. An import inside a function, a ``try`` or an ``if`` may
-never run; only the module's own top-level imports count. Not judged: an entry script (an
-``if __name__ == "__main__":`` block: it is run by hand, its training code is what its author
-runs once the import is fixed) and imports that follow a change of ``sys.path``.
+vendored tester whose datasets the repository does not ship). The same holds for a module that
+imports such a module at its top. An import inside a function, a ``try`` or an ``if`` may never
+run; only the module's own top-level imports count. Not judged: an entry script (an ``if
+__name__ == "__main__":`` block or code at its top level: it is run by hand, its training code
+is what its author runs once the import is fixed) and imports that follow a change of
+``sys.path``. A name a project module does not bind fails the same way (``from src.data import
+RLDataset`` where ``src/data/__init__.py`` neither defines, imports nor star-imports it and
+holds no such submodule), unless the module may bind names it does not spell (``__getattr__``,
+``globals()``, ``sys.modules``).
 
 Example:
     >>> import ast, tempfile
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import is_main_block
+from gpu_training.diagnostics.lint.calls import runs_itself
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
 
@@ -67,6 +71,72 @@ def _missing_from_package(project: Project, importer: str, module: str, level: i
     )
 
 
+def _bound_names(body: list[ast.stmt]) -> set[str] | None:
+    """The names a module's top level binds, in any branch; None when it may bind names it
+    does not spell (a star import, ``globals()``, a module ``__getattr__``, ``sys.modules``,
+    ``setattr``)."""
+    names: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if stmt.name == "__getattr__":
+                return None
+            names.add(stmt.name)
+            continue
+        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
+            return None
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and node.id in ("globals", "setattr", "vars"):
+                return None
+            elif isinstance(node, ast.Attribute) and node.attr == "modules":
+                return None  # `sys.modules[__name__]` replaced or filled
+        for field in ("body", "orelse", "finalbody"):
+            inner = _bound_names(getattr(stmt, field, []) or [])
+            if inner is None:
+                return None
+            names |= inner
+        for handler in getattr(stmt, "handlers", []) or []:
+            inner = _bound_names(handler.body)
+            if inner is None:
+                return None
+            names |= inner
+    return names
+
+
+def _name_missing(project: Project, importer: str, node: ast.ImportFrom) -> bool:
+    """``from pkg.data import RLDataset`` where ``pkg/data/__init__.py`` (or ``data.py``), a
+    file of the project, binds no ``RLDataset`` and holds no such submodule."""
+    if node.level == 0 and "." not in (node.module or ""):
+        return False  # `from utils import x`: another `utils` may come first on sys.path
+    target = project.module_file(importer, node.module or "", node.level)
+    if target is None or not target.is_file() or target.suffix != ".py":
+        return False
+    facts = project.facts_for(target)
+    if facts is None:
+        return False
+    bound = _bound_names(facts.tree.body)
+    if bound is None:
+        return False
+    for alias in node.names:
+        if alias.name == "*" or alias.name in bound:
+            continue
+        if target.name == "__init__.py":
+            folder = target.parent
+            if (folder / alias.name).is_dir() or any(
+                p.name.startswith(alias.name + ".") and p.suffix in _SUFFIXES
+                for p in folder.iterdir()
+            ):
+                continue  # a submodule
+        return True
+    return False
+
+
 def failing_import_line(project: Project, facts: ModuleFacts, depth: int = 0) -> int | None:
     """The line of the first top-level import that raises ``ImportError``, or None.
 
@@ -88,9 +158,12 @@ def failing_import_line(project: Project, facts: ModuleFacts, depth: int = 0) ->
     facts.memo[_MEMO] = None  # an import cycle resolves as "imports fine"
     found: int | None = None
     body = facts.tree.body
-    for node in [] if any(is_main_block(n) for n in body) else body:  # entry script: not judged
+    for node in [] if runs_itself(facts.tree) else body:  # entry script: not judged
         if "sys.path" in ast.unparse(node):
             break  # the imports below resolve against a path set at run time
+        if isinstance(node, ast.ImportFrom) and _name_missing(project, importer, node):
+            found = node.lineno
+            break
         for module, level in _imported(node):
             if _missing_from_package(project, importer, module, level):
                 found = node.lineno
