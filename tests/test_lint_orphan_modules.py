@@ -185,6 +185,26 @@ def test_a_sub_package_only_its_own_init_imports_is_not_read(tmp_path: Path) -> 
     assert _gt007(tmp_path) == [("scripts/pretrain.py", 6), ("src/pretrain/trainer.py", 6)]
 
 
+def test_a_table_of_configs_at_a_modules_top_level_runs_nothing(tmp_path: Path) -> None:
+    """Set 20: the evaluation harness keeps ``LEADERBOARD_CONFIGS = {"...": EvalConfig(...)}``
+    at its top level, a dataclass's values; the module is no script, the package an orphan."""
+    _sub_packages(tmp_path)
+    trainer = tmp_path / "src" / "sft" / "trainer.py"
+    trainer.write_text(
+        "from dataclasses import dataclass\n\n\n@dataclass\nclass SFTConfig:\n    lr: float\n\n\n"
+        + trainer.read_text()
+        + '\n\nCONFIGS = {"small": SFTConfig(lr=1e-4)}\nDEFAULT = SFTConfig(lr=1e-3)\n'
+    )
+    assert _gt007(tmp_path) == [("scripts/pretrain.py", 6), ("src/pretrain/trainer.py", 6)]
+
+
+def test_a_top_level_object_of_its_own_class_makes_a_script(tmp_path: Path) -> None:
+    _sub_packages(tmp_path)
+    trainer = tmp_path / "src" / "sft" / "trainer.py"
+    trainer.write_text(trainer.read_text() + "\n\nresult = SFTTrainer().fit()\n")
+    assert ("src/sft/trainer.py", 8) in _gt007(tmp_path)
+
+
 def test_a_sub_package_a_script_imports_is_read(tmp_path: Path) -> None:
     _sub_packages(tmp_path)
     (tmp_path / "scripts" / "sft.py").write_text(

@@ -101,23 +101,32 @@ def has_main_block(tree: ast.Module) -> bool:
     return any(is_main_block(node) for node in tree.body)
 
 
+_CONTAINERS = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp)
+
+
 def runs_itself(tree: ast.Module) -> bool:
     """A script: an ``if __name__ == "__main__":`` block, a call at the top level, or a top
     level that binds what a function or class of its own returns (``python evaluation.py``
-    runs it)."""
-    own = {
+    runs it; not a dataclass's value, nor a table of such values: ``CONFIGS = {"a":
+    Config(...)}``)."""
+    own = {  # a dataclass builds a value and runs nothing
         node.name
         for node in tree.body
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and not any("dataclass" in ast.unparse(d) for d in node.decorator_list)
     }
     for node in tree.body:
         if is_main_block(node):
             return True
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             return True  # `main()`, `dist.init_process_group(...)` at the top level
-        if isinstance(node, ast.Assign) and any(
-            isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in own
-            for sub in ast.walk(node)
+        if (
+            isinstance(node, ast.Assign)
+            and not isinstance(node.value, _CONTAINERS)  # a table of configs runs nothing
+            and any(
+                isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in own
+                for sub in ast.walk(node)
+            )
         ):
             return True
     return False
