@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import re
 import shlex
@@ -509,3 +510,32 @@ def test_janitor_closed_on_a_normal_end_stops_nothing(tmp_path: Path) -> None:
 def _src_env() -> dict[str, str]:
     paths = [str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def test_a_second_signal_during_torchruns_stop_logging_prints_no_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """srun signals torchrun twice: the second ``SignalException`` is raised inside the agent's
+    ``emit`` of "Received 15 death signal". Without the guard, :mod:`logging` reports it as a
+    "--- Logging error ---" traceback in the middle of a clean stop (the control below)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from gpu_training.launcher import torchrun
+
+    class Interrupted(io.StringIO):
+        def write(self, text: str) -> int:
+            raise SignalException("Process 1 got signal: 15", signal.SIGTERM)
+
+    logger = logging.getLogger("test.second_signal")
+    logger.propagate = False
+    handler = logging.StreamHandler(Interrupted())
+    logger.addHandler(handler)
+    try:
+        logger.warning("Received %s death signal, shutting down workers", signal.SIGTERM)
+        assert "--- Logging error ---" in capsys.readouterr().err  # the control
+        with torchrun._quiet_logging_errors():
+            logger.warning("Received %s death signal, shutting down workers", signal.SIGTERM)
+        assert capsys.readouterr().err == ""
+        assert logging.raiseExceptions  # restored
+    finally:
+        logger.removeHandler(handler)

@@ -28,13 +28,14 @@ torch is imported when this runs, not when :mod:`gpu_training.launcher` is.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 
 from gpu_training.launcher.supervise import (
@@ -69,6 +70,25 @@ class _Repeats(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         text = str(record.msg)
         return not (text.startswith("failed (exitcode") or "closing signal" in text)
+
+
+@contextlib.contextmanager
+def _quiet_logging_errors() -> Iterator[None]:
+    """Log records that fail to write are dropped, not reported with a traceback.
+
+    srun (and a user's second Ctrl-C) can signal torchrun twice. The second signal raises
+    torchrun's ``SignalException`` inside its handler's ``emit`` of "Received 15 death
+    signal, shutting down workers", which :mod:`logging` would report as a 20-line
+    "--- Logging error ---" traceback in the middle of a clean stop (seen under load in
+    ``tests/test_slurm_cluster.py``). The agent shuts the workers down for the first signal
+    either way; the line it could not write is lost.
+    """
+    previous = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = previous
 
 
 def _from_signal(exc: BaseException, signal_type: type[BaseException]) -> bool:
@@ -117,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     owned = os.environ.get(OWNED_LOG_DIR_ENV)
     os.environ[QUIET_ENV] = "1"  # the workers inherit it
     try:
-        run(args)
+        with _quiet_logging_errors():
+            run(args)
     except SignalException:
         # torchrun has passed the signal on and waited for its workers (30 s, then SIGKILL)
         return EXIT_STOPPED
