@@ -63,7 +63,7 @@ from gpu_training.diagnostics.lint.epochs import (
     unset_shuffling_sampler,
 )
 from gpu_training.diagnostics.lint.file_rules import whole_file_rules
-from gpu_training.diagnostics.lint.frameworks import file_framework
+from gpu_training.diagnostics.lint.frameworks import file_framework, one_process_fabric
 from gpu_training.diagnostics.lint.guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
@@ -98,10 +98,6 @@ __all__ = ["FileChecker"]
 
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
-_FABRIC_START = frozenset(
-    {"launch", "setup", "setup_module", "setup_dataloaders", "setup_optimizers"}
-)
-"""Fabric's methods that start the processes or join the group (its constructor does neither)."""
 BASE_INHERITED = ("distributed", "unset_sampler")
 """What a subclass's file takes from the module of its base class: the process group and the
 shuffling sampler that never gets set_epoch (the loader the base class hands its epoch loop)."""
@@ -138,9 +134,7 @@ class FileChecker:
         names = [call_name(c, self.imports) for c in self.all_calls]
         spawn = any("multiprocessing" in n and n.endswith("spawn") for n in names)
         self.framework = file_framework(self.tails, facts)
-        if self.framework == "fabric" and not self.tails & _FABRIC_START:
-            # a Fabric never launched nor set up starts no processes and no group: one
-            # process that only borrows Fabric's loggers or precision plugin
+        if self.framework == "fabric" and one_process_fabric(facts, self.tails):
             self.framework = None
         self.callee_summaries = [  # what the project's helpers in other modules do
             project.summary(ref)

@@ -14,9 +14,7 @@ calls ``setup``/``backward`` on is that framework's.
 
 Example:
     >>> import ast
-    >>> import ast
-
-from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
     >>> file_framework({"Accelerator", "prepare"}, ModuleFacts(ast.parse("a = Accelerator()")))
     'accelerate'
     >>> file_framework({"init_accelerator"}, ModuleFacts(ast.parse("a = init_accelerator()")))
@@ -28,7 +26,7 @@ import ast
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
-__all__ = ["file_framework"]
+__all__ = ["file_framework", "one_process_fabric"]
 
 _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
 _RETURNED = {"accelerator": "accelerate", "fabric": "fabric"}
@@ -71,3 +69,35 @@ def _annotated(facts: ModuleFacts) -> str | None:
             if last in _FRAMEWORKS and name.startswith(_FRAMEWORK_MODULES):
                 return _FRAMEWORKS[last]
     return None
+
+
+_FABRIC_START = frozenset(
+    {"launch", "setup", "setup_module", "setup_dataloaders", "setup_optimizers"}
+)
+"""Fabric's methods that start the processes or join the group (its constructor does neither)."""
+
+
+def one_process_fabric(facts: ModuleFacts, tails: set[str]) -> bool:
+    """The file's Fabric starts no other process and no group: it is never launched nor set
+    up (the file only borrows Fabric's loggers or precision plugin), or every ``Fabric(...)``
+    it builds asks for one device on one node (``L.Fabric(accelerator="cuda", devices=1)``).
+
+    Args:
+        facts: The file's facts.
+        tails: The last names of its calls.
+    """
+    if not tails & _FABRIC_START:
+        return True
+    made = [c for c in facts.calls if (dotted(c.func) or "").rsplit(".", 1)[-1] == "Fabric"]
+    if not made:
+        return False
+    for call in made:
+        given = {k.arg: k.value for k in call.keywords}
+        if None in given:  # `Fabric(**config)`: the devices are not read here
+            return False
+        devices, nodes = given.get("devices"), given.get("num_nodes")
+        if not (isinstance(devices, ast.Constant) and devices.value == 1):
+            return False
+        if nodes is not None and not (isinstance(nodes, ast.Constant) and nodes.value == 1):
+            return False
+    return True

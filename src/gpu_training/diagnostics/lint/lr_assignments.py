@@ -2,7 +2,8 @@
 
 ``group['lr'] = new_lr`` on rank 0 only leaves the ranks stepping with different learning
 rates. The same subscript on a dictionary the function builds itself — a logging dict for
-TensorBoard, a progress bar's postfix — changes nothing of the optimizer:
+TensorBoard, a progress bar's postfix — or takes from a call that reads no ``param_groups``
+(``metrics = train_step(...)``) changes nothing of the optimizer:
 
 Example:
     >>> import ast
@@ -38,12 +39,19 @@ def _built_dict(value: ast.expr | None) -> bool:
     )
 
 
+def _returned_dict(value: ast.expr | None) -> bool:
+    """What a call returns (``metrics = train_step(...)``) that reads no ``param_groups``: the
+    function's own dictionary, not one of the optimizer's groups."""
+    return isinstance(value, ast.Call) and "param_groups" not in ast.unparse(value)
+
+
 def _local_dict(container: ast.expr, scope: Scope | None) -> bool:
-    """Whether every binding of the subscripted name in its scope builds a fresh dictionary."""
+    """Whether every binding of the subscripted name in its scope builds a fresh dictionary
+    or takes one a call returns."""
     if scope is None or not isinstance(container, ast.Name):
         return False
     found = scope.bindings.get(container.id, [])
-    return bool(found) and all(_built_dict(value) for _, value in found)
+    return bool(found) and all(_built_dict(value) or _returned_dict(value) for _, value in found)
 
 
 def rank_dependent_assignments(
