@@ -155,6 +155,8 @@ def test_a_name_its_package_does_not_bind_fails_the_import(tmp_path: Path) -> No
     names only: the trainer module raises ``ImportError`` and none of its code runs."""
     root = _repository(tmp_path, _name_layout("from .coco import load\n"))
     assert _codes(root, "tester.py") == set()
+    # the script's call into it never runs either: its import of the tester raises first
+    assert (10, "GT007") not in _codes(root, "train.py")
 
 
 @pytest.mark.parametrize(

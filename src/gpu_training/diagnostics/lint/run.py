@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import math
 
 from gpu_training.diagnostics.lint.checks import BASE_INHERITED, FileChecker
 from gpu_training.diagnostics.lint.class_bases import base_modules
@@ -125,6 +126,8 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
                 for f in kept
                 if f.code not in GROUP_PREMISED or not any(a <= f.line <= b for a, b in spans)
             ]
+    unrun = _unrun_spans(project, results)
+    _drop_unrun(results, unrun)  # a call into code that never runs reports nothing either
     for sites in (
         call_site_writes(checkers, results),
         call_site_node_writes(checkers, results),
@@ -134,22 +137,38 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
             found = results[path]
             if not isinstance(found, str):
                 results[path] = sorted({*found, *extra})
-    for path, found in results.items():  # nothing after an import that fails ever runs
-        dead = failing_import_line(project, project.linted[path])
-        if dead is not None and not isinstance(found, str):
-            results[path] = [f for f in found if f.line < dead]
-        elif not isinstance(found, str) and orphan_module(project, project.linted[path]):
-            spans = unrun_spans(project.linted[path])  # nothing imports or runs the module
-            results[path] = [f for f in found if not any(a <= f.line <= b for a, b in spans)]
-    for path, found in results.items():  # nothing after a certain NameError runs either
-        raising = raising_spans(project.linted[path])
-        if raising and not isinstance(found, str):
-            results[path] = [f for f in found if not any(a <= f.line <= b for a, b in raising)]
-    for path, unreached in dead_spans(project).items():  # nor what no running code reaches
-        kept = results.get(path)
-        if kept is not None and not isinstance(kept, str):
-            results[path] = [f for f in kept if not any(a <= f.line <= b for a, b in unreached)]
+    _drop_unrun(results, unrun)
     return results
+
+
+def _unrun_spans(
+    project: Project, results: dict[str, list[RawFinding] | str]
+) -> dict[str, list[tuple[float, float]]]:
+    """The lines of each linted file that never run: below a top-level import that fails, the
+    functions of a module nothing imports or runs, below a certain ``NameError``, and the
+    functions, classes and methods no running code reaches."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for path in results:
+        facts = project.linted[path]
+        dead = failing_import_line(project, facts)
+        if dead is not None:
+            spans.setdefault(path, []).append((dead, math.inf))
+        elif orphan_module(project, facts):
+            spans.setdefault(path, []).extend(unrun_spans(facts))
+        spans.setdefault(path, []).extend(raising_spans(facts))
+    for path, unreached in dead_spans(project).items():
+        spans.setdefault(path, []).extend(unreached)
+    return spans
+
+
+def _drop_unrun(
+    results: dict[str, list[RawFinding] | str], unrun: dict[str, list[tuple[float, float]]]
+) -> None:
+    """Drop the findings on lines that never run."""
+    for path, spans in unrun.items():
+        found = results.get(path)
+        if spans and found is not None and not isinstance(found, str):
+            results[path] = [f for f in found if not any(a <= f.line <= b for a, b in spans)]
 
 
 def check_tree(tree: ast.Module, path: str = "<string>") -> list[RawFinding]:
