@@ -35,7 +35,7 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.calls import runs_itself
-from gpu_training.diagnostics.lint.model import ModuleFacts
+from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 from gpu_training.diagnostics.lint.project import Project
 
 __all__ = ["failing_import_line"]
@@ -71,42 +71,19 @@ def _missing_from_package(project: Project, importer: str, module: str, level: i
     )
 
 
-def _bound_names(body: list[ast.stmt]) -> set[str] | None:
-    """The names a module's top level binds, in any branch; None when it may bind names it
-    does not spell (a star import, ``globals()``, a module ``__getattr__``, ``sys.modules``,
-    ``setattr``)."""
-    names: set[str] = set()
-    for stmt in body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if stmt.name == "__getattr__":
-                return None
-            names.add(stmt.name)
-            continue
-        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
+def _bound_names(facts: ModuleFacts) -> set[str] | None:
+    """The names a module binds (its scope's bindings and its imports, in any branch; a name a
+    class body or a function-level import binds counts too, which only errs towards
+    "imports fine"); None when it may bind names it does not spell (a star import, a module
+    ``__getattr__``, ``globals()``, ``setattr``, ``vars``, ``sys.modules``)."""
+    if facts.imports.stars or "__getattr__" in facts.toplevel:
+        return None
+    for node in facts.nodes:
+        if isinstance(node, ast.Name) and node.id in ("globals", "setattr", "vars"):
             return None
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
-            continue
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                names.add(node.id)
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                names.add(node.name)
-            elif isinstance(node, ast.Name) and node.id in ("globals", "setattr", "vars"):
-                return None
-            elif isinstance(node, ast.Attribute) and node.attr == "modules":
-                return None  # `sys.modules[__name__]` replaced or filled
-        for field in ("body", "orelse", "finalbody"):
-            inner = _bound_names(getattr(stmt, field, []) or [])
-            if inner is None:
-                return None
-            names |= inner
-        for handler in getattr(stmt, "handlers", []) or []:
-            inner = _bound_names(handler.body)
-            if inner is None:
-                return None
-            names |= inner
-    return names
+        if dotted(node) == "sys.modules":
+            return None  # `sys.modules[__name__]` replaced or filled
+    return {*facts.module_scope.bindings, *facts.imports.names, *facts.imports.origins}
 
 
 def _name_missing(project: Project, importer: str, node: ast.ImportFrom) -> bool:
@@ -120,7 +97,7 @@ def _name_missing(project: Project, importer: str, node: ast.ImportFrom) -> bool
     facts = project.facts_for(target)
     if facts is None:
         return False
-    bound = _bound_names(facts.tree.body)
+    bound = _bound_names(facts)
     if bound is None:
         return False
     for alias in node.names:
