@@ -58,6 +58,10 @@ def _writes(root: Path) -> set[int]:
         "torchrun --nproc_per_node 8 src/train_lora.py --output_dir out",
         "python -m torch.distributed.launch --nproc_per_node=4 src/train_lora.py",
         "accelerate launch --multi_gpu src/train_lora.py --output_dir out  # 8 GPUs",
+        # the script run as a module (set 21: `torchrun ... -m scripts.train_attention_unet`)
+        "torchrun --standalone --nnodes=1 --nproc_per_node=${NPROC} -m src.train_lora --out o",
+        "accelerate launch --multi_gpu --module src.train_lora",
+        "torchrun --nproc_per_node=3 -m src.train_lora.py  # a stray suffix: the intent shows",
     ],
 )
 def test_a_script_launched_once_per_gpu_writes_on_every_rank(tmp_path: Path, launch: str) -> None:
@@ -72,6 +76,8 @@ def test_a_script_launched_once_per_gpu_writes_on_every_rank(tmp_path: Path, lau
         "deepspeed --num_gpus=1 src/train_lora.py --deepspeed ds.json",
         "torchrun --nproc_per_node 8 src/other_script.py",
         "# deepspeed src/train_lora.py (commented out)",
+        "torchrun --nproc_per_node 8 -m src.other_script",
+        "python -m src.train_lora --output_dir out",
     ],
 )
 def test_one_process_or_another_script_is_not_distributed(tmp_path: Path, launch: str) -> None:

@@ -33,6 +33,9 @@ _MAX_BYTES = 1 << 20
 _LAUNCHERS = frozenset(
     {"torchrun", "deepspeed", "torch.distributed.launch", "torch.distributed.run"}
 )
+# A launcher's "the script is a module" flag (torchrun, accelerate launch, deepspeed), then its name
+_MODULE_FLAGS = frozenset({"-m", "--module"})
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SINGLE = re.compile(r"--(?:nproc_per_node|nproc-per-node|num_gpus|num_processes)[= ]1(?!\d)")
 
 
@@ -73,7 +76,8 @@ def text_files(root: str, suffixes: tuple[str, ...]) -> tuple[tuple[str, str], .
 def multi_process_launches(root: str) -> frozenset[str]:
     """The file names (``train.py``) that the repository's shell scripts start with a launcher
     of one process per GPU (``torchrun``, ``deepspeed``, ``accelerate launch``,
-    ``python -m torch.distributed.launch``), unless the command asks for one process."""
+    ``python -m torch.distributed.launch``), unless the command asks for one process; a
+    module the launcher runs (``torchrun -m scripts.train``) names its file (``train.py``)."""
     names: set[str] = set()
     for _, text in text_files(root, (".sh", ".bash", ".slurm")):
         for command in text.replace("\\\n", " ").splitlines():
@@ -91,7 +95,18 @@ def multi_process_launches(root: str) -> frozenset[str]:
                 elif launched and base.endswith(".py"):
                     names.add(base)
                     break
+                elif launched and word in _MODULE_FLAGS:
+                    module = words[i + 1] if i + 1 < len(words) else ""
+                    if _MODULE.match(module):
+                        names.add(_module_file(module))
+                    break
     return frozenset(names)
+
+
+def _module_file(module: str) -> str:
+    """The file name a launched module runs: ``scripts.train`` -> ``train.py`` (a stray
+    ``.py`` suffix, ``-m scripts.train.py``, read as the intent it shows)."""
+    return module.removesuffix(".py").rsplit(".", 1)[-1] + ".py"
 
 
 @functools.lru_cache(maxsize=64)
