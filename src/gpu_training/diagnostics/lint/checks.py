@@ -40,6 +40,7 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
+from gpu_training.diagnostics.lint.accumulation import every_micro_batch, every_step_call
 from gpu_training.diagnostics.lint.all_but_one import all_but_one
 from gpu_training.diagnostics.lint.borrowed_groups import group_from_helpers
 from gpu_training.diagnostics.lint.bypassed_wrappers import bypasses_wrapper
@@ -63,7 +64,11 @@ from gpu_training.diagnostics.lint.epochs import (
     unset_shuffling_sampler,
 )
 from gpu_training.diagnostics.lint.file_rules import whole_file_rules
-from gpu_training.diagnostics.lint.frameworks import file_framework, one_process_fabric
+from gpu_training.diagnostics.lint.frameworks import (
+    fabric_launch,
+    file_framework,
+    one_process_fabric,
+)
 from gpu_training.diagnostics.lint.guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
@@ -152,6 +157,7 @@ class FileChecker:
         prefixes = ("torch.distributed.", "dist.") if bare_dist else ("torch.distributed.",)
         uses_dist = any(n.startswith(prefixes) for n in names)
         self.launch = lightning_launch(facts)  # Lightning re-runs the script in every process
+        self.fabric = fabric_launch(facts)  # so does Fabric, from its launch()
         self.seeds: set[ast.AST] = set(self.launch.scopes) | hf_every_process(facts)
         self.distributed = self.dist_setup or uses_dist or bool(self.framework or self.seeds)
         self.has_wrapper, self.ddp_wrapper = wrapper_kinds(
@@ -262,9 +268,15 @@ class FileChecker:
         self.facts.assigned_under.clear()
         self.facts.guard_cache.clear()
         module = self.facts.module_scope
-        self._stmts(self.tree.body, Ctx(launcher=self.tree in self.launch.scopes), module)
+        top = self.tree
+        self._stmts(
+            top.body,
+            Ctx(launcher=top in self.launch.scopes, prelaunch=top in self.fabric.scopes),
+            module,
+        )
         for func, ctx in entry.items():
             ctx = replace(ctx, launcher=ctx.launcher or func in self.launch.scopes)
+            ctx = replace(ctx, prelaunch=ctx.prelaunch or func in self.fabric.scopes)
             self._stmts(func.body, ctx, self.facts.scope_of(func))
 
     def _entry_context(self, func: _Func) -> Ctx:
@@ -289,6 +301,8 @@ class FileChecker:
             ctx = self._stmt(stmt, replace(ctx, per_rank_block=labelled, exits=exits), scope)
             if id(stmt) in self.launch.fits:  # Lightning's other ranks start in fit(): all run on
                 ctx = replace(ctx, launcher=False)
+            if id(stmt) in self.fabric.fits:  # the other ranks re-ran what came before
+                ctx = replace(ctx, prelaunch=False)
 
     def _is_rank_print(self, stmt: ast.stmt) -> bool:
         return (
@@ -521,9 +535,9 @@ class FileChecker:
             if not (self.own_wrapper or named_anywhere(self.facts, scope.node)):
                 pass  # a helper nobody calls: no importer's model reaches it
             elif ctx.loops and not bypasses_wrapper(self.facts, call, scope):  # no all-reduce
-                self._accumulation(call, ctx, scope, method)
+                every_micro_batch(self, call, ctx, scope, method)
             elif method == "backward" and isinstance(scope.node, _Func):
-                self._step_accumulation(call, scope)
+                every_step_call(self, call, scope)
 
     def _rank_rules(self, call: ast.Call, ctx: Ctx, scope: Scope) -> None:
         """``GT007``/``GT017`` writes and ``GT008`` logs of code every rank runs."""
@@ -532,6 +546,8 @@ class FileChecker:
             classify_guard(self.facts, k.value, scope) == GUARD_RANK0 for k in call.keywords
         ):
             written = None  # save_pretrained(..., is_main_process=accelerator.is_main_process)
+        if written is not None and ctx.prelaunch and "download" in written:
+            written = None  # made by the launching process alone; the others find it there
         if written is not None and not (ctx.rank0 or ctx.one_rank):
             hints = {"accelerate": "; accelerator.save() writes once", "fabric": "; fabric.save()"}
             hint = "" if "download" in written else hints.get(self.framework or "", "")
@@ -556,38 +572,3 @@ class FileChecker:
         )
         why = f"use {helper}" if helper and logged == "print" else "no rank-0 guard"
         self.add(call, "GT008", f"{logged}: {why}")
-
-    def _step_accumulation(self, call: ast.Call, scope: Scope) -> None:
-        """``GT013`` in a per-batch method a loop elsewhere calls (a Trainer's ``train_step``):
-        see :meth:`LoopAnalysis.accumulating_step`."""
-        step = self.training_loop.accumulating_step(call, scope)
-        if step is not None:
-            fix = {"accelerate": "accelerator.accumulate()", "fabric": "fabric.no_backward_sync()"}
-            missing = fix.get(self.framework or "", "no_sync()")
-            backward = f"{ast.unparse(call.func)}()"
-            self.add(call, "GT013", f"{backward} on every call; {step}; no {missing}")
-
-    def _accumulation(self, call: ast.Call, ctx: Ctx, scope: Scope, method: str | None) -> None:
-        """``GT013``: a backward of a DDP model that all-reduces on every micro-batch."""
-        loop = ctx.loops[-1]
-        if self.training_loop.handles_sync(loop, scope):
-            return
-        step = (
-            self.training_loop.accumulating_backward(loop, call, scope)
-            if method == "backward"
-            else None
-        )
-        fix = {"accelerate": "accelerator.accumulate()", "fabric": "fabric.no_backward_sync()"}
-        missing = fix.get(self.framework or "", "no_sync()")
-        backward = f"{ast.unparse(call.func)}()"
-        if step is not None:
-            self.add(call, "GT013", f"{backward} on every micro-batch; {step}; no {missing}")
-        elif method == "backward" and any(
-            self.training_loop.is_micro_batch_loop(outer, scope) for outer in ctx.loops
-        ):
-            why = f"{backward} in a micro-batch loop, one optimizer step after it; no {missing}"
-            self.add(call, "GT013", why)
-        else:
-            helper = self.training_loop.accumulating_helper(call, scope)
-            if helper is not None:
-                self.add(call, "GT013", helper)

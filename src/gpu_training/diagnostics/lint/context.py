@@ -66,6 +66,7 @@ class Ctx:
     per_rank_block: bool = False  # a block of prints labelled with the rank
     guarded_here: bool = False  # a rank guard of this function (not only of its callers)
     launcher: bool = False  # after `if worker_mode: run_worker(); return`: the parent's code
+    prelaunch: bool = False  # before a Fabric's launch(): the launching process first, alone
     optional: frozenset[str] = frozenset()  # names an enclosing `if` tested against None
     loops: tuple[ast.stmt, ...] = ()
     # the `A or B` tests of enclosing ifs not read as rank guards: a nested `if not A:` (or
@@ -103,6 +104,7 @@ def entry_context(sites: list[Ctx], name: str = "") -> Ctx:
         one_rank=not rank0 and all(s.rank0 or s.one_rank for s in sites),
         rank_dep=all(s.rank_dep for s in sites),
         launcher=all(s.launcher for s in sites),
+        prelaunch=all(s.prelaunch for s in sites),
         local_only=rank0 and any(s.local_only for s in sites),
         guard=guard,
     )

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
+from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.lightning import Launch
+from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 
-__all__ = ["file_framework", "one_process_fabric"]
+__all__ = ["fabric_launch", "file_framework", "one_process_fabric"]
 
 _FRAMEWORKS = {"Accelerator": "accelerate", "PartialState": "accelerate", "Fabric": "fabric"}
 _RETURNED = {"accelerator": "accelerate", "fabric": "fabric"}
@@ -101,3 +103,50 @@ def one_process_fabric(facts: ModuleFacts, tails: set[str]) -> bool:
         if nodes is not None and not (isinstance(nodes, ast.Constant) and nodes.value == 1):
             return False
     return True
+
+
+# Fabric strategies whose launch() starts workers from the parent: the code before it runs once
+_FORKING = ("spawn", "fork", "notebook")
+
+
+def fabric_launch(facts: ModuleFacts) -> Launch:
+    """The scopes that call ``launch()`` on a Lightning ``Fabric`` that re-runs the script in
+    every process, and the ids of their statements that call it.
+
+    Fabric's default launcher starts the other local ranks as new processes running the script
+    from the top (under torchrun every process already does): each of them runs the code
+    before ``launch()`` too, after the launching process has run it alone. A file that code
+    creates only when it is missing (a dataset's ``download=True``) is then made once; one it
+    writes unconditionally (a config dump) is rewritten by every rank. A ``*spawn``/``*fork``/
+    ``*notebook`` strategy starts its workers from the parent instead: none here.
+
+    Example:
+        >>> import ast
+        >>> src = ("import lightning as L\\ndef main():\\n    f = L.Fabric(devices=4)\\n"
+        ...        "    f.launch()\\n")
+        >>> facts = ModuleFacts(ast.parse(src))
+        >>> launch = fabric_launch(facts)
+        >>> [n.name for n in launch.scopes], len(launch.fits)
+        (['main'], 1)
+        >>> fabric_launch(ModuleFacts(ast.parse(src.replace("devices=4", "strategy='ddp_spawn'"))))
+        Launch(scopes=frozenset(), fits=frozenset())
+    """
+    made = [c for c in facts.calls if tail(call_name(c, facts.imports)) == "Fabric"]
+    for call in made:
+        strategy = keyword_arg(call, "strategy")
+        if isinstance(strategy, ast.Constant) and any(w in str(strategy.value) for w in _FORKING):
+            return Launch(frozenset(), frozenset())
+    launches = [
+        c
+        for c in facts.calls
+        if made and isinstance(c.func, ast.Attribute) and c.func.attr == "launch"
+    ]
+    scopes = frozenset(facts.scope_containing(c).node for c in launches)
+    statements = frozenset(
+        id(node)
+        for scope in scopes
+        for node in facts.scope_nodes.get(scope, [])
+        if isinstance(node, (ast.Expr, ast.Assign))
+        and any(sub is call for sub in ast.walk(node.value) for call in launches)
+    )
+    return Launch(scopes, statements)

@@ -109,10 +109,12 @@ def call_site_writes(
             if write is None or facts.path == path or id(call) in seen:
                 continue
             seen.add(id(call))
+            name, at, what = write
             if not every_rank or not _unrestricted(ctx) or ctx.launcher:
                 continue
+            if ctx.prelaunch and "download" in what:  # once, before Fabric starts the others
+                continue
             line, col = node_start(call)
-            name, at, what = write
             detail = f"{func.name} runs {what} ({name}:{at}) on every rank: no rank-0 guard"
             added.setdefault(path, []).append(RawFinding(line, col, "GT007", detail))
     return added

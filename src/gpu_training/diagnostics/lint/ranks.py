@@ -38,6 +38,7 @@ from gpu_training.diagnostics.lint.collectives import (
     switched_off,
 )
 from gpu_training.diagnostics.lint.early_ranks import rank_read_before_group
+from gpu_training.diagnostics.lint.frameworks import fabric_launch
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.handles import appended_by_rank0_only, one_literal_path
 from gpu_training.diagnostics.lint.library_writes import downloaded_to, saved_to
@@ -69,6 +70,9 @@ __all__ = [
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 _FRAMEWORK_SETUP = frozenset({"Accelerator", "Fabric", "PartialState"})
+# Built under `accelerate launch`, these join (or make) the group: every process ran the code
+# before them, as it runs the code before `init_process_group` under torchrun.
+_FRAMEWORK_GROUPS = frozenset({"Accelerator", "PartialState"})
 _MODEL_WRAPPERS = frozenset(
     {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"}
 )
@@ -233,6 +237,7 @@ class RankAnalysis:
         calls: dict[ast.AST, set[ast.AST]] = {}
         direct: set[ast.AST] = set()
         creates: set[ast.AST] = set()
+        relaunches = bool(fabric_launch(self.facts).scopes)
         wraps: set[ast.AST] = set()  # scopes that wrap a model for data parallelism
         for node, scope in self.facts.scopes.items():
             calls[node] = set()
@@ -253,6 +258,8 @@ class RankAnalysis:
                     last in ("init_process_group", "init_distributed")
                     or any(h.creates_group for h in helpers)
                     or name == "deepspeed.initialize"
+                    or last in _FRAMEWORK_GROUPS
+                    or (last == "launch" and relaunches)
                 ):  # it creates the group when none exists
                     creates.add(node)
                 if last in _MODEL_WRAPPERS:
