@@ -91,3 +91,56 @@ def test_a_guarded_save_is_left_alone(tmp_path: Path) -> None:
         "        model.save_pretrained(training_args.output_dir)\n",
     )
     assert not _writes(_repository(tmp_path, "deepspeed src/train_lora.py", guarded))
+
+
+_HELPER_ARGS = """\
+import json
+import os
+
+from transformers import Trainer
+
+from src.utils import parse_args, safe_training_args
+
+
+def train(args):
+    training_args = safe_training_args(args)
+    trainer = Trainer(model=None, args=training_args)
+    trainer.train()
+    with open(os.path.join(args.output_dir, "id2label.json"), "w") as f:
+        json.dump({0: "a"}, f)
+
+
+if __name__ == "__main__":
+    train(parse_args())
+"""
+_UTILS = """\
+import argparse
+
+from transformers import TrainingArguments
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--output_dir", default="out")
+    return parser.parse_args()
+
+
+def safe_training_args(args):
+    return TrainingArguments(output_dir=args.output_dir, per_device_train_batch_size=8)
+"""
+
+
+@pytest.mark.parametrize(
+    ("launch", "expected"),
+    [("torchrun --nproc_per_node=4 -m src.train_unet", {13}), ("python -m src.train_unet", set())],
+)
+def test_training_arguments_built_by_a_project_helper_still_run_in_every_process(
+    tmp_path: Path, launch: str, expected: set[int]
+) -> None:
+    # set 21: the arguments come from scripts/utils.py's safe_training_args(...)
+    root = _repository(tmp_path, launch, script="")
+    (root / "src" / "train_lora.py").unlink()
+    (root / "src" / "__init__.py").write_text("")
+    (root / "src" / "train_unet.py").write_text(_HELPER_ARGS)
+    (root / "src" / "utils.py").write_text(_UTILS)
+    assert _writes(root) == expected

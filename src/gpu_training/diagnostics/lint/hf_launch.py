@@ -67,8 +67,9 @@ def hf_every_process(facts: ModuleFacts) -> set[ast.AST]:
         if (_launch_arguments(facts, c) or (from_env and _hf_arguments(facts, c)))
         and facts.scope_containing(c).node in trains
     }
-    if from_env and not seeds and any(_hf_arguments(facts, c) for c in facts.calls):
-        # `main()` parses the arguments and hands them to `train(args)`, which trains
+    if from_env and not seeds:
+        # `main()` parses the arguments and hands them to `train(args)`, which trains; or a
+        # project helper builds them (`training_args = safe_training_args(...)`)
         seeds = {s for s in trains if _builds_trainer(facts, s)}
     return seeds
 
