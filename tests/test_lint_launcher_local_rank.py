@@ -134,3 +134,28 @@ def test_save_state_under_a_multi_gpu_launch(tmp_path: Path, flags: str) -> None
 def test_save_state_under_a_sharded_or_unknown_launch(tmp_path: Path, flags: str) -> None:
     files = {"train.py": _ACCELERATE, "run.sh": _SCRIPT.format(flags=flags)}
     assert repo_findings(tmp_path, files, "GT009") == [("train.py", 11)]
+
+
+_CURRENT_DEVICE = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+model = DDP(torch.nn.Linear(2, 2).cuda())
+if torch.cuda.current_device() == 0:
+    torch.save(model.module.state_dict(), "model.pt")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize(("code", "expected"), [("GT017", [("train.py", 11)]), ("GT007", [])])
+def test_the_current_device_is_the_local_rank(
+    tmp_path: Path, code: str, expected: list[tuple[str, int]]
+) -> None:
+    # set 22: `if torch.cuda.current_device() == 0:` guards the final save (the device the
+    # process was pinned to is its index within the node): one writer per node, not every rank
+    assert repo_findings(tmp_path, {"train.py": _CURRENT_DEVICE}, code) == expected

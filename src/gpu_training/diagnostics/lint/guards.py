@@ -37,7 +37,12 @@ from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
 from gpu_training.diagnostics.lint.env_tests import launcher_variable_test
 from gpu_training.diagnostics.lint.fallbacks import SINGLE_PROCESS_ATTRS, fallback_kind, means_group
 from gpu_training.diagnostics.lint.group_rank import group_rank_keys, spawn_index_keys
-from gpu_training.diagnostics.lint.locality import FLAG_NAMES, guard_locality, rank_zero_decorator
+from gpu_training.diagnostics.lint.locality import (
+    CURRENT_DEVICE,
+    FLAG_NAMES,
+    guard_locality,
+    rank_zero_decorator,
+)
 from gpu_training.diagnostics.lint.model import (
     RANK_ATTRS,
     RANK_CALLS,
@@ -472,8 +477,8 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
         return rank_derived(facts, expr.value, scope, depth + 1)
     if isinstance(expr, ast.Call):
         last = _tail(call_name(expr, facts.imports))
-        if last in RANK_CALLS:
-            return True
+        if last in RANK_CALLS or call_name(expr, facts.imports) in CURRENT_DEVICE:
+            return True  # the GPU a process was pinned to: its local rank
         summaries = facts.summaries(expr)
         if summaries:
             return any(s.rank_value for s in summaries)

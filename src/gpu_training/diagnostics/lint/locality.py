@@ -32,7 +32,7 @@ from gpu_training.diagnostics.lint.model import (
 from gpu_training.diagnostics.lint.node_flags import switch_locality
 from gpu_training.diagnostics.lint.passed_locality import passed_locality
 
-__all__ = ["FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
+__all__ = ["CURRENT_DEVICE", "FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
 
 # Flags of frameworks and installed packages, whose bodies are not in the project.
 FLAG_NAMES = re.compile(
@@ -47,6 +47,10 @@ RANK_ZERO_DECORATORS = re.compile(
 )
 _LOCAL_NAME = re.compile(r"local|node")
 _LOCAL_CALLS = frozenset({"get_local_rank", "get_node_local_rank"})
+CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
+"""The GPU index the process was pinned to (``set_device(local_rank)``, which torchrun scripts,
+Accelerate and the Hugging Face Trainer do): the node-local rank, so
+``torch.cuda.current_device() == 0`` holds on local rank 0 of every node."""
 
 
 def rank_zero_decorator(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
@@ -123,7 +127,7 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
         last = _tail(call_name(node, facts.imports))
         if last == "get_local_rank" and (node.args or node.keywords):
             return "global"  # `gpc.get_local_rank(ParallelMode.DATA)`: the rank in that group
-        if last in _LOCAL_CALLS:
+        if last in _LOCAL_CALLS or call_name(node, facts.imports) in CURRENT_DEVICE:
             return "local"
         if last == "get_rank" and (node.args or any(k.arg == "group" for k in node.keywords)):
             return "local"  # `dist.get_rank(group=_LOCAL_PROCESS_GROUP)`: a rank in a subgroup
