@@ -82,6 +82,7 @@ from gpu_training.diagnostics.lint.guards import (
 from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
+from gpu_training.diagnostics.lint.mode_branches import groupless_side
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.node_writes import node_local_write, several_processes
 from gpu_training.diagnostics.lint.project import Project
@@ -427,6 +428,7 @@ class FileChecker:
             single = replace(optional, rank0=True, local_only=False, guard="one process")
             negated = self._negations.setdefault(stmt, ast.UnaryOp(op=ast.Not(), operand=stmt.test))
             side = one_process_side(self.facts, stmt, scope, self.alone)  # `.to("cuda:0")`
+            side = side or groupless_side(self.ranks, stmt, scope)  # `if args.merge: merge()`
             lone_body = side == "body" or single_process(self.facts, stmt.test, scope)
             lone_else = not lone_body and (
                 side == "else" or single_process(self.facts, negated, scope)

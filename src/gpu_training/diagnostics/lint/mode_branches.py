@@ -1,0 +1,64 @@
+"""A script's modes: the branch of a dispatch that never makes the process group runs alone.
+
+A training script often dispatches on its arguments before anything distributed happens::
+
+    if args.merge_lora:
+        merge_and_save(args)      # python train.py --merge_lora --checkpoint ...
+    elif args.checkpoint is None:
+        smoke_test()              # python train.py
+    else:
+        train(args)               # torchrun ... train.py --checkpoint ...: makes the group
+
+Only ``train`` makes the process group; the other modes never join one, so they are run as one
+process (nothing in them waits for a rank, nothing tells them theirs) and their writes have
+one writer. Such a branch is read as one process when the other side of the same ``if`` makes
+the group and nothing before the ``if`` in its function (or module) did: the group does not
+exist yet on either path. A branch after the group exists (``if args.eval: evaluate()`` below
+``init_process_group``) runs on every rank as before.
+
+Example:
+    >>> import ast
+    >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+    >>> from gpu_training.diagnostics.lint.ranks import RankAnalysis
+    >>> src = ("import torch.distributed as dist\\n"
+    ...        "def train():\\n    dist.init_process_group('nccl')\\n"
+    ...        "if merge:\\n    save()\\nelse:\\n    train()\\n")
+    >>> facts = ModuleFacts(ast.parse(src))
+    >>> ranks = RankAnalysis(facts, distributed=True)
+    >>> groupless_side(ranks, facts.tree.body[2], facts.module_scope)
+    'body'
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from gpu_training.diagnostics.lint.model import Scope
+
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint.ranks import RankAnalysis
+
+__all__ = ["groupless_side"]
+
+
+def groupless_side(ranks: RankAnalysis, stmt: ast.If, scope: Scope) -> str | None:
+    """``"body"`` or ``"else"``: the side of ``stmt`` that never makes the group while the
+    other side does, before any group exists in its scope; None otherwise.
+
+    Args:
+        ranks: The file's rank analysis (what makes the group).
+        stmt: An ``if`` whose test is no rank test.
+        scope: Its function or module.
+    """
+    if not stmt.orelse:
+        return None
+    body, orelse = ranks.creates_group(stmt.body), ranks.creates_group(stmt.orelse)
+    if body == orelse:
+        return None
+    before = [
+        s for s in getattr(scope.node, "body", []) if s.end_lineno and s.end_lineno < stmt.lineno
+    ]
+    if ranks.creates_group(before):
+        return None
+    return "else" if body else "body"
