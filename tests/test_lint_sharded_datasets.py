@@ -221,3 +221,64 @@ def test_a_ranking_dataset_is_not_taken_for_a_sharded_one(tmp_path: Path) -> Non
         tmp_path, data, "from data import train_dataloader", "loader = train_dataloader([1, 2], 8)"
     )
     assert ("train.py", "GT003") in found
+
+
+_PACKED = """\
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+
+class PackedDataLoader:
+    def __init__(self, path, seq_len, batch_size, rank=0, world_size=1):
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        shard = len(data) // world_size
+        self.data = data[rank * shard : (rank + 1) * shard]
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self._start_workers()
+
+    def _start_workers(self):
+        outer = self
+
+        class _ShardDataset(Dataset):
+            def __len__(self):
+                return 1 << 30
+
+            def __getitem__(self, _):
+                i = torch.randint(len(outer.data) - outer.seq_len, (1,)).item()
+                return torch.from_numpy(outer.data[i : i + outer.seq_len].astype(np.int64))
+
+        self.loader = DataLoader(_ShardDataset(), batch_size=None, num_workers=2)
+
+
+def main():
+    dist.init_process_group("nccl")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    train = PackedDataLoader("train.bin", 512, 8, dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("sharded", [True, False])
+def test_a_dataset_class_defined_by_a_loader_that_keeps_its_rank_shard(
+    tmp_path: Path, sharded: bool
+) -> None:
+    # set 22: a loader class keeps data[rank * shard:...] in __init__ and builds its
+    # DataLoader over a local Dataset class that draws from that shard (outer.data)
+    source = (
+        _PACKED if sharded else _PACKED.replace("data[rank * shard : (rank + 1) * shard]", "data")
+    )
+    source = source if sharded else source.replace(", rank=0, world_size=1", "")
+    source = source if sharded else source.replace("len(data) // world_size", "len(data)")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "train.py").write_text(source)
+    found = {f.line for f in lint_paths([tmp_path]).findings if f.code == "GT003"}
+    line = 1 + source.splitlines().index(
+        "        self.loader = DataLoader(_ShardDataset(), batch_size=None, num_workers=2)"
+    )
+    assert found == (set() if sharded else {line})

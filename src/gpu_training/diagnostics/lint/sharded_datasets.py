@@ -64,6 +64,8 @@ def dataset_shards_itself(
                 continue
             if tail(call_name(node, facts.imports)) in _SHARD_CALLS or _class_shards(facts, node):
                 return True
+            if _local_class_shards(facts, node, scope):
+                return True
             names = [a for a in node.args if isinstance(a, ast.Name) and value is not dataset]
             if any(dataset_shards_itself(facts, a, scope, depth + 1) for a in names):
                 return True  # `Wrapper(base)`, base bound to a sharded dataset
@@ -93,6 +95,25 @@ def _class_shards(facts: ModuleFacts, call: ast.Call) -> bool:
             probe = ast.Attribute(value=func, attr=name, ctx=ast.Load())
             methods += facts.resolver.callees(facts, probe)
     return any(_consults_rank(owner, method) for owner, method in methods)
+
+
+def _local_class_shards(facts: ModuleFacts, call: ast.Call, scope: Scope) -> bool:
+    """A call of a class defined in the function building the loader, where that function (or
+    a method of its class) consults the rank: the local class reads what they sharded
+    (``PackedDataLoader.__init__(self, path, rank, world_size)`` keeps
+    ``data[rank * n:(rank + 1) * n]``; its ``_start_workers`` defines a ``Dataset`` drawing
+    from ``outer.data``)."""
+    func = scope.node
+    if not isinstance(call.func, ast.Name) or not isinstance(func, ast.FunctionDef):
+        return False
+    local = any(isinstance(n, ast.ClassDef) and n.name == call.func.id for n in ast.walk(func))
+    if not local:
+        return False
+    owner = next(
+        (c for c in ast.walk(facts.tree) if isinstance(c, ast.ClassDef) and func in c.body), None
+    )
+    methods = [n for n in owner.body if isinstance(n, ast.FunctionDef)] if owner else [func]
+    return any(_consults_rank(facts, method) for method in methods)
 
 
 def _consults_rank(facts: ModuleFacts, func: ast.AST) -> bool:
