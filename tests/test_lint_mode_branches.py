@@ -88,3 +88,38 @@ def test_the_modes_that_never_make_the_group_write_alone(tmp_path: Path) -> None
 
 def test_a_mode_taken_after_the_group_exists_writes_on_every_rank(tmp_path: Path) -> None:
     assert repo_findings(tmp_path, {"train.py": _AFTER_THE_GROUP}, "GT007") == [("train.py", 8)]
+
+
+_EXITING_MODE = """\
+import sys
+
+import deepspeed
+import torch
+
+
+def merge_and_save(args):
+    torch.save(torch.nn.Linear(2, 2).state_dict(), "merged.pt")
+
+
+def main(args):
+    model = torch.nn.Linear(2, 2)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters())
+    engine.save_checkpoint("ckpt")
+
+
+if __name__ == "__main__":
+    args = sys.argv
+    if "--merge-lora" in args:
+        merge_and_save(args)
+        sys.exit(0)
+    main(args)
+"""
+
+
+def test_a_mode_that_exits_before_the_group_is_made_writes_alone(tmp_path: Path) -> None:
+    # set 22: `if args.merge_lora: merge_and_save(args); sys.exit(0)`, then main() makes
+    # the engine (and the group) for the documented `deepspeed train_sft_deepspeed.py` run
+    assert repo_findings(tmp_path, {"train.py": _EXITING_MODE}, "GT007") == []
+    staying = _EXITING_MODE.replace("        sys.exit(0)\n", "")
+    (tmp_path / "b").mkdir()
+    assert repo_findings(tmp_path / "b", {"train.py": staying}, "GT007") == [("train.py", 8)]

@@ -13,7 +13,8 @@ Only ``train`` makes the process group; the other modes never join one, so they 
 process (nothing in them waits for a rank, nothing tells them theirs) and their writes have
 one writer. Such a branch is read as one process when the other side of the same ``if`` makes
 the group and nothing before the ``if`` in its function (or module) did: the group does not
-exist yet on either path. A branch after the group exists (``if args.eval: evaluate()`` below
+exist yet on either path. A body that ends the program (``merge(); sys.exit(0)``) above the
+code that makes the group is such a branch too. A branch after the group exists (``if args.eval: evaluate()`` below
 ``init_process_group``) runs on every rank as before.
 
 Example:
@@ -34,6 +35,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from gpu_training.diagnostics.lint.context import terminates
 from gpu_training.diagnostics.lint.model import Scope
 
 if TYPE_CHECKING:
@@ -51,14 +53,26 @@ def groupless_side(ranks: RankAnalysis, stmt: ast.If, scope: Scope) -> str | Non
         stmt: An ``if`` whose test is no rank test.
         scope: Its function or module.
     """
-    if not stmt.orelse:
-        return None
-    body, orelse = ranks.creates_group(stmt.body), ranks.creates_group(stmt.orelse)
-    if body == orelse:
-        return None
+    block = _block_of(scope.node, stmt)
+    index = next((i for i, s in enumerate(block) if s is stmt), 0)
     before = [
         s for s in getattr(scope.node, "body", []) if s.end_lineno and s.end_lineno < stmt.lineno
     ]
-    if ranks.creates_group(before):
+    if ranks.creates_group([*before, *block[:index]]):
         return None
-    return "else" if body else "body"
+    # `if args.merge_lora: merge(); sys.exit(0)` with the group made below: the body is a mode
+    orelse = stmt.orelse or (block[index + 1 :] if terminates(stmt.body) else [])
+    body_makes, else_makes = ranks.creates_group(stmt.body), ranks.creates_group(orelse)
+    if body_makes == else_makes or (body_makes and not stmt.orelse):
+        return None
+    return "else" if body_makes else "body"
+
+
+def _block_of(node: ast.AST, stmt: ast.stmt) -> list[ast.stmt]:
+    """The statement list (a body, an ``else``) of ``node`` that holds ``stmt``."""
+    for sub in ast.walk(node):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(sub, field, None)
+            if isinstance(block, list) and any(s is stmt for s in block):
+                return block
+    return []
