@@ -53,26 +53,48 @@ def groupless_side(ranks: RankAnalysis, stmt: ast.If, scope: Scope) -> str | Non
         stmt: An ``if`` whose test is no rank test.
         scope: Its function or module.
     """
-    block = _block_of(scope.node, stmt)
-    index = next((i for i, s in enumerate(block) if s is stmt), 0)
-    before = [
-        s for s in getattr(scope.node, "body", []) if s.end_lineno and s.end_lineno < stmt.lineno
-    ]
-    if ranks.creates_group([*before, *block[:index]]):
+    if not stmt.orelse and not terminates(stmt.body):
+        return None
+    block, index = _place(ranks, scope.node).get(id(stmt), ([], 0))
+    if _first_maker(ranks, scope.node, getattr(scope.node, "body", [])) < stmt.lineno:
+        return None  # the group exists already: a branch below runs on every rank
+    if _first_maker(ranks, id(block), block) < stmt.lineno:
         return None
     # `if args.merge_lora: merge(); sys.exit(0)` with the group made below: the body is a mode
-    orelse = stmt.orelse or (block[index + 1 :] if terminates(stmt.body) else [])
+    orelse = stmt.orelse or block[index + 1 :]
     body_makes, else_makes = ranks.creates_group(stmt.body), ranks.creates_group(orelse)
     if body_makes == else_makes or (body_makes and not stmt.orelse):
         return None
     return "else" if body_makes else "body"
 
 
-def _block_of(node: ast.AST, stmt: ast.stmt) -> list[ast.stmt]:
-    """The statement list (a body, an ``else``) of ``node`` that holds ``stmt``."""
+def _place(ranks: RankAnalysis, node: ast.AST) -> dict[int, tuple[list[ast.stmt], int]]:
+    """``id(statement)`` -> (the statement list of ``node`` that holds it, its index), once
+    per scope."""
+    key = ("statement-blocks", id(node))
+    cached = ranks.facts.memo.get(key)
+    if isinstance(cached, dict):
+        return cached
+    places: dict[int, tuple[list[ast.stmt], int]] = {}
     for sub in ast.walk(node):
         for field in ("body", "orelse", "finalbody"):
             block = getattr(sub, field, None)
-            if isinstance(block, list) and any(s is stmt for s in block):
-                return block
-    return []
+            if isinstance(block, list):
+                places.update((id(s), (block, i)) for i, s in enumerate(block))
+    ranks.facts.memo[key] = places
+    return places
+
+
+def _first_maker(ranks: RankAnalysis, key: object, block: list[ast.stmt]) -> float:
+    """The earliest last line of a statement of ``block`` that makes the group (infinity:
+    none), once per block: a statement ending above an ``if`` made it before the ``if`` (one
+    holding the ``if`` ends below it)."""
+    memo = ("first-group-maker", key if isinstance(key, int) else id(key))
+    cached = ranks.facts.memo.get(memo)
+    if isinstance(cached, (int, float)):
+        return cached
+    first = min(
+        (s.end_lineno or s.lineno for s in block if ranks.creates_group([s])), default=float("inf")
+    )
+    ranks.facts.memo[memo] = first
+    return first
