@@ -53,17 +53,26 @@ def groupless_side(ranks: RankAnalysis, stmt: ast.If, scope: Scope) -> str | Non
         stmt: An ``if`` whose test is no rank test.
         scope: Its function or module.
     """
-    if not stmt.orelse and not terminates(stmt.body):
+    if not ranks.group_creators:
+        return None  # nothing in the file makes the group
+    body_makes = ranks.creates_group(stmt.body)
+    block: list[ast.stmt] = []
+    index = 0
+    if stmt.orelse:
+        else_makes = ranks.creates_group(stmt.orelse)
+    elif terminates(stmt.body) and not body_makes:
+        # `if args.merge_lora: merge(); sys.exit(0)` with the group made below: a mode
+        block, index = _place(ranks, scope.node).get(id(stmt), ([], 0))
+        else_makes = ranks.creates_group(block[index + 1 :])
+    else:
         return None
-    block, index = _place(ranks, scope.node).get(id(stmt), ([], 0))
+    if body_makes == else_makes:
+        return None
     if _first_maker(ranks, scope.node, getattr(scope.node, "body", [])) < stmt.lineno:
         return None  # the group exists already: a branch below runs on every rank
+    if not block:
+        block, index = _place(ranks, scope.node).get(id(stmt), ([], 0))
     if _first_maker(ranks, id(block), block) < stmt.lineno:
-        return None
-    # `if args.merge_lora: merge(); sys.exit(0)` with the group made below: the body is a mode
-    orelse = stmt.orelse or block[index + 1 :]
-    body_makes, else_makes = ranks.creates_group(stmt.body), ranks.creates_group(orelse)
-    if body_makes == else_makes or (body_makes and not stmt.orelse):
         return None
     return "else" if body_makes else "body"
 
