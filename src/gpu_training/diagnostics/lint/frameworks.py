@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
-from gpu_training.diagnostics.lint.lightning import Launch
+from gpu_training.diagnostics.lint.lightning import Launch, calling_statements
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 
 __all__ = ["fabric_launch", "file_framework", "one_process_fabric"]
@@ -142,11 +142,4 @@ def fabric_launch(facts: ModuleFacts) -> Launch:
         if made and isinstance(c.func, ast.Attribute) and c.func.attr == "launch"
     ]
     scopes = frozenset(facts.scope_containing(c).node for c in launches)
-    statements = frozenset(
-        id(node)
-        for scope in scopes
-        for node in facts.scope_nodes.get(scope, [])
-        if isinstance(node, (ast.Expr, ast.Assign))
-        and any(sub is call for sub in ast.walk(node.value) for call in launches)
-    )
-    return Launch(scopes, statements)
+    return Launch(scopes, calling_statements(facts, scopes, launches))

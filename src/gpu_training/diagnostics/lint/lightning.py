@@ -31,7 +31,7 @@ from typing import NamedTuple
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name
 
-__all__ = ["Launch", "lightning_launch"]
+__all__ = ["Launch", "calling_statements", "lightning_launch"]
 
 _PACKAGES = ("lightning", "pytorch_lightning")
 _ONE_PROCESS_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork", "dp", "single_device")
@@ -59,14 +59,22 @@ def lightning_launch(facts: ModuleFacts) -> Launch:
         for c in (facts.calls if fits else [])
         if _is_trainer(facts, c) and _many_processes(facts, c)
     )
-    statements = frozenset(
+    return Launch(scopes, calling_statements(facts, scopes, fits))
+
+
+def calling_statements(
+    facts: ModuleFacts, scopes: frozenset[ast.AST], calls: list[ast.Call]
+) -> frozenset[int]:
+    """The ids of the statements of ``scopes`` (expression statements and assignments) that
+    make one of ``calls``: where a launcher's other processes start (``trainer.fit(...)``,
+    ``fabric.launch()``)."""
+    return frozenset(
         id(node)
         for scope in scopes
         for node in facts.scope_nodes.get(scope, [])
         if isinstance(node, (ast.Expr, ast.Assign))
-        and any(sub is fit for sub in ast.walk(node.value) for fit in fits)
+        and any(sub is call for sub in ast.walk(node.value) for call in calls)
     )
-    return Launch(scopes, statements)
 
 
 def _is_trainer(facts: ModuleFacts, call: ast.Call) -> bool:
