@@ -17,6 +17,8 @@ if [[ ${#sets[@]} -eq 0 ]]; then
   done
 fi
 export PYTHONPATH=${PYTHONPATH:-$here/../src}
+python=${PYTHON:-$here/../.venv/bin/python}  # the project's venv, unless PYTHON names another
+[[ -x $python ]] || python=python3
 for s in "${sets[@]}"; do
   case $s in
     7|7b) truth=$here/lint_tuning${s}_truth.csv; pre=lint_tuning$s ;;
@@ -26,8 +28,8 @@ for s in "${sets[@]}"; do
   for e in "$here/${pre}"_triage*.csv "$here/${pre}"_table.csv; do
     [[ -f $e ]] && extras+=(--extra "$e")
   done
-  python "$here/lint_truth_score.py" "$truth" "/tmp/h$s" "${extras[@]}" --json > "$out/s$s.json"
-  python - "$s" "$out/s$s.json" <<'PY'
+  "$python" "$here/lint_truth_score.py" "$truth" "/tmp/h$s" "${extras[@]}" --json > "$out/s$s.json"
+  "$python" - "$s" "$out/s$s.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[2]))
 o = d["overall"]

@@ -14,8 +14,8 @@ process (nothing in them waits for a rank, nothing tells them theirs) and their 
 one writer. Such a branch is read as one process when the other side of the same ``if`` makes
 the group and nothing before the ``if`` in its function (or module) did: the group does not
 exist yet on either path. A body that ends the program (``merge(); sys.exit(0)``) above the
-code that makes the group is such a branch too. A branch after the group exists (``if args.eval: evaluate()`` below
-``init_process_group``) runs on every rank as before.
+code that makes the group is such a branch too. A branch after the group exists
+(``if args.eval: evaluate()`` below ``init_process_group``) runs on every rank as before.
 
 Example:
     >>> import ast
@@ -68,7 +68,7 @@ def groupless_side(ranks: RankAnalysis, stmt: ast.If, scope: Scope) -> str | Non
         return None
     if body_makes == else_makes:
         return None
-    if _first_maker(ranks, scope.node, getattr(scope.node, "body", [])) < stmt.lineno:
+    if _first_maker(ranks, id(scope.node), getattr(scope.node, "body", [])) < stmt.lineno:
         return None  # the group exists already: a branch below runs on every rank
     if not block:
         block, index = _place(ranks, scope.node).get(id(stmt), ([], 0))
@@ -94,11 +94,11 @@ def _place(ranks: RankAnalysis, node: ast.AST) -> dict[int, tuple[list[ast.stmt]
     return places
 
 
-def _first_maker(ranks: RankAnalysis, key: object, block: list[ast.stmt]) -> float:
+def _first_maker(ranks: RankAnalysis, key: int, block: list[ast.stmt]) -> float:
     """The earliest last line of a statement of ``block`` that makes the group (infinity:
     none), once per block: a statement ending above an ``if`` made it before the ``if`` (one
     holding the ``if`` ends below it)."""
-    memo = ("first-group-maker", key if isinstance(key, int) else id(key))
+    memo = ("first-group-maker", key)
     cached = ranks.facts.memo.get(memo)
     if isinstance(cached, (int, float)):
         return cached
