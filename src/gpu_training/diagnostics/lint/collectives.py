@@ -20,6 +20,7 @@ import ast
 from collections.abc import Callable
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.ddp_buffers import ddp_forward_buffers
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.sharded_models import (
     accelerate_sharding,
@@ -160,7 +161,9 @@ def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str
             # `self.model(batch)`: the forward of a sharded model held in an attribute
             if shards_anything(facts) and _sharded(func, scope, facts):
                 return "FSDP forward (all-gathers the shards)"
-            return None  # the only methods below that can be one; resolving the rest is costly
+            return _ddp_forward(
+                call, scope, facts
+            )  # the only methods below that can be one; resolving the rest is costly
         if facts.local_functions(call) or (
             facts.resolver is not None and any(f is not facts for f, _ in facts.callees(call))
         ):
@@ -192,10 +195,17 @@ def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str
                 return f"Trainer.{method}"
         if method in _SHARDED_FORWARD and _sharded(receiver, scope, facts):
             return f"FSDP {method} (all-gathers the shards)"
-        return None
+        return _ddp_forward(call, scope, facts) if method == "forward" else None
     if isinstance(func, (ast.Name, ast.Attribute)) and _sharded(func, scope, facts):
         return "FSDP forward (all-gathers the shards)"
-    return None
+    return _ddp_forward(call, scope, facts)
+
+
+def _ddp_forward(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | None:
+    """A DDP model's forward, when its module has buffers: DDP broadcasts them from rank 0
+    (:mod:`~gpu_training.diagnostics.lint.ddp_buffers`)."""
+    found = ddp_forward_buffers(call, scope, facts)
+    return None if found is None else f"DDP forward (broadcasts the module's buffers: {found})"
 
 
 def _imports(facts: ModuleFacts, *packages: str) -> bool:

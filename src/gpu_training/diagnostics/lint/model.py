@@ -27,8 +27,11 @@ Example:
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.answers import answers
@@ -569,3 +572,19 @@ def mentions_rank(expr: ast.AST, imports: Imports) -> bool:
         ):
             return True
     return False
+
+
+_MAX_IMPORTED_BYTES = 2_000_000  # an imported module larger than this is not read
+
+
+def parse_quietly(path: Path, resolver: Resolver) -> ModuleFacts | None:
+    """An imported (not linted) module's facts; None when it cannot be read or parsed."""
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_IMPORTED_BYTES:
+            return None
+        data = path.read_bytes()
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        tree = ast.parse(data.decode(encoding), filename=str(path))
+    except (OSError, SyntaxError, ValueError, LookupError, UnicodeDecodeError, RecursionError):
+        return None
+    return ModuleFacts(tree, str(path), resolver)

@@ -25,9 +25,7 @@ Example:
 from __future__ import annotations
 
 import ast
-import io
 import os
-import tokenize
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +48,7 @@ from gpu_training.diagnostics.lint.model import (
     Scope,
     call_name,
     dotted,
+    parse_quietly,
 )
 from gpu_training.diagnostics.lint.roots import find_project_root
 from gpu_training.diagnostics.lint.roots import resolved as _resolved
@@ -62,7 +61,6 @@ __all__ = [
     "find_project_root",
 ]
 
-_MAX_IMPORTED_BYTES = 2_000_000  # an imported module larger than this is not read
 _GROUP_CREATORS = frozenset({"init_process_group", "init_distributed"})
 # Accelerate's state joins the launcher's process group when it is first built
 _STATE_CREATORS = frozenset({"accelerate.Accelerator", "accelerate.PartialState"})
@@ -114,7 +112,7 @@ class Project:
         """The facts of a project file (parsed on first use; None when it cannot be read)."""
         key = path if path in self._by_file else _resolved(str(path))  # cached: no lstat
         if key not in self._by_file:
-            self._by_file[key] = _parse_quietly(key, self)
+            self._by_file[key] = parse_quietly(key, self)
         return self._by_file[key]
 
     def module_file(self, importer: str, module: str, level: int) -> Path | None:
@@ -234,6 +232,24 @@ class Project:
                 makers = self._imported(facts, head, path, 0)
                 found += self._returned_methods(makers, func.attr)
         return found
+
+    def star_callees(self, facts: ModuleFacts, name: str) -> list[FuncRef]:
+        """What a bare ``name(...)`` runs when a ``from module import *`` of the project
+        brings it: the function, or the class's ``__init__``."""
+        for module, level in facts.imports.stars:
+            found = self._member(
+                self.module_file(facts.path, module, level), [name, "__init__"], 0, True
+            )
+            if found:
+                return found
+        return []
+
+    def module_facts(self, facts: ModuleFacts, module: str, level: int) -> ModuleFacts | None:
+        """The facts of the project module ``facts`` imports as ``module`` (a package: its
+        ``__init__``), or None."""
+        path = self.module_file(facts.path, module, level)
+        path = path / "__init__.py" if path is not None and path.is_dir() else path
+        return self.facts_for(path) if path is not None else None
 
     def _bound_classes(self, facts: ModuleFacts, func: ast.Name) -> list[FuncRef]:
         """``cls = ReconTrainer`` / ``else: cls = DiffTrainer``, then ``cls(**cfg)``: the
@@ -571,16 +587,3 @@ def _submodule(directory: Path, name: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return directory / name if (directory / name).is_dir() else None
-
-
-def _parse_quietly(path: Path, project: Project) -> ModuleFacts | None:
-    """An imported (not linted) module's facts; None when it cannot be read or parsed."""
-    try:
-        if not path.is_file() or path.stat().st_size > _MAX_IMPORTED_BYTES:
-            return None
-        data = path.read_bytes()
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        tree = ast.parse(data.decode(encoding), filename=str(path))
-    except (OSError, SyntaxError, ValueError, LookupError, UnicodeDecodeError, RecursionError):
-        return None
-    return ModuleFacts(tree, str(path), project)

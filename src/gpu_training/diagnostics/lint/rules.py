@@ -217,7 +217,12 @@ _RULE_LIST = [
         load_state under FSDP or DeepSpeed; save_state under a plain DDP config without
         automatic checkpoint naming synchronises nothing), Fabric's save, a DeepSpeed engine's
         save_checkpoint, the forward, generate(), state_dict() or save_pretrained() of an
-        FSDP-sharded model, FSDP.summon_full_params (all-gathers of the parameters). (A helper whose literal argument
+        FSDP-sharded model, FSDP.summon_full_params (all-gathers of the parameters), and the
+        forward of a DDP model whose module has buffers (BatchNorm statistics, a registered
+        buffer): with broadcast_buffers=True, the default, DDP broadcasts them from rank 0 at
+        the first forward after a training step, so evaluating the wrapped model on rank 0
+        after the epoch's training hangs (evaluate model.module, or pass
+        broadcast_buffers=False). (A helper whose literal argument
         turns its barrier off, torch_distributed_zero_first(-1), is not one there.) Without
         TORCH_DISTRIBUTED_DEBUG=DETAIL the job hangs silently until the 30-minute timeout.""",
         """Call the collective on every rank, outside the `if rank == 0` block; keep only the

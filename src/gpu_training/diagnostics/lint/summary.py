@@ -106,3 +106,11 @@ class Resolver(Protocol):
     def runs_distributed(self, facts: ModuleFacts) -> bool:
         """Whether a file of the project runs under a process group."""
         ...
+
+    def star_callees(self, facts: ModuleFacts, name: str) -> list[FuncRef]:
+        """What a bare ``name(...)`` runs when a ``from module import *`` brings it."""
+        ...
+
+    def module_facts(self, facts: ModuleFacts, module: str, level: int) -> ModuleFacts | None:
+        """The facts of the project module ``facts`` imports as ``module``, or None."""
+        ...
