@@ -249,6 +249,55 @@ def test_fabric_iterable_dataset_set_up(
     assert _gt003(tmp_path, files) == expected
 
 
+_DDP_TRAINER = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from stream import TokenStream
+
+
+def main(model, rows):
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    model = DDP(model.cuda())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    train_loader = DataLoader({dataset}, batch_size=8)
+    for batch in train_loader:
+        loss = model(batch.cuda()).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(build_model(), read_rows())
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [(_UNSPLIT, [("trainer.py", 16)]), (_SPLIT, [])],
+    ids=["never-splits", "splits-by-rank"],
+)
+def test_ddp_iterable_dataset(tmp_path: Path, body: str, expected: list[tuple[str, int]]) -> None:
+    """A plain DDP script has no framework to shard the stream either: an ``IterableDataset``
+    that never reads the rank gives every rank the same batches (round 21: the Fabric check,
+    for every script without a framework)."""
+    # named as one: the ordinary check leaves an IterableDataset to shard itself
+    files = {
+        "trainer.py": _DDP_TRAINER.replace("{dataset}", "IterableTokens(rows, 512)").replace(
+            "import TokenStream", "import IterableTokens"
+        ),
+        "stream.py": _STREAM.replace("{body}", body).replace("TokenStream", "IterableTokens"),
+    }
+    assert _gt003(tmp_path, files) == expected
+
+
 def test_accelerate_prepares_an_iterable_dataset(tmp_path: Path) -> None:
     """Accelerate's ``prepare`` dispatches an iterable loader's batches across processes."""
     text = (

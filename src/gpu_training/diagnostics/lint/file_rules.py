@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.bf16_switches import scalers_enabled_by_bf16
-from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.calls import keyword_arg, node_start, tail
 from gpu_training.diagnostics.lint.early_devices import cuda_before_pinning
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
@@ -87,9 +87,15 @@ def whole_file_rules(checker: FileChecker) -> None:
     elif direct and not pinned and (helper := helper_default_cuda(facts)):
         site = min(direct, key=lambda c: (c not in inits, c.lineno))  # the group's own call
         checker.add(site, "GT002", f"no set_device, and {helper}")
-    streams = unsplit_iterable_loaders(facts) if checker.framework == "fabric" else []
+    streams = (
+        unsplit_iterable_loaders(facts)
+        if checker.framework == "fabric" or (checker.distributed and checker.framework is None)
+        else []
+    )
+    reported = {(f.line, f.col) for f in checker.findings if f.code == "GT003"}
     for loader, detail in [*(unprepared_loaders(facts) if framed else []), *streams]:
-        if id(loader) not in checker.setup.alone:  # `if world_size > 1: raise` before it
+        # `if world_size > 1: raise` before it; or the ordinary check's finding there already
+        if id(loader) not in checker.setup.alone and node_start(loader) not in reported:
             checker.add(loader, "GT003", detail)
     for call in cuda_before_pinning(facts):
         checker.add(call, "GT002", "the current GPU before the library pins it")

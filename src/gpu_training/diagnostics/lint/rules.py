@@ -122,8 +122,9 @@ _RULE_LIST = [
         the same batches - is not reported; nor one built on the single-process side of a
         switch whose other side builds it with a DistributedSampler. In an Accelerate or Fabric
         script, a training loader that never reaches prepare()/setup_dataloaders() itself -
-        not only a generator wrapping it - is reported, and so is a Fabric loader over an
-        IterableDataset that never splits itself by rank.)""",
+        not only a generator wrapping it - is reported, and so is a loader over an
+        IterableDataset of the project that never splits itself by rank, in a Fabric script
+        or one with no framework; Accelerate's prepare() dispatches its batches.)""",
         """sampler = gpu_training.ddp.make_distributed_sampler(dataset, ctx, shuffle=True,
         seed=...) and DataLoader(dataset, batch_size=..., sampler=sampler, shuffle=(sampler is
         None)); or a gpu_training.data.GlobalBatchSampler as batch_sampler.""",

@@ -92,12 +92,13 @@ def unprepared_loaders(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
 
 
 def unsplit_iterable_loaders(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
-    """The training ``DataLoader(...)`` calls of a Fabric script over an ``IterableDataset``
-    of the project that never splits itself by rank: ``setup_dataloaders`` has no sampler to
-    replace in such a loader, so every process iterates the whole stream.
+    """The training ``DataLoader(...)`` calls of a Fabric script (or a distributed one with
+    no framework) over an ``IterableDataset`` of the project that never splits itself by
+    rank: ``setup_dataloaders`` has no sampler to replace in such a loader, and a plain
+    script none to give it, so every process iterates the whole stream.
 
     Args:
-        facts: The file's facts (a file whose framework is Fabric).
+        facts: The file's facts (Fabric's, or a distributed script's without a framework).
 
     Returns:
         ``(DataLoader call, evidence)`` for each such loader read by a training loop.
