@@ -304,3 +304,73 @@ def test_a_buffer_in_a_class_another_file_builds(
     assert [(n, ln) for n, ln, _ in found] == ([("train.py", 14)] if reported else [])
     if reported:
         assert "register_buffer in Encoder (models.py:9)" in found[0][2]
+
+
+_WRAPS_ITS_PARAMETER = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def do_train(cfg, model, loader):
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if cfg.sync_bn else model
+    model = DDP(model.cuda())
+    for epoch in range(cfg.epochs):
+        for x in loader:
+            model(x).sum().backward()
+        if dist.get_rank() == 0:
+            model.eval()
+            with torch.no_grad():
+                model(x)
+        dist.barrier()
+"""
+
+_BUILDS_AND_PASSES = """\
+import torch.distributed as dist
+import torch.nn as nn
+
+from processor import do_train
+
+
+class Backbone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.bottleneck = {norm}
+
+    def forward(self, x):
+        return self.bottleneck(self.fc(x))
+
+
+def main(cfg, loader):
+    dist.init_process_group("nccl")
+    do_train(cfg, Backbone(), loader)
+"""
+
+
+@pytest.mark.parametrize(
+    ("norm", "reported"), [("nn.BatchNorm1d(8)", True), ("nn.LayerNorm(8)", False)]
+)
+def test_a_model_wrapped_where_it_is_passed_in(tmp_path: Path, norm: str, reported: bool) -> None:
+    # TransReID's shape (found missed on unseen code, benchmarks/lint_ddp_buffers_check.md):
+    # train.py builds the model, processor.do_train wraps its parameter in DDP, through
+    # SyncBatchNorm.convert_sync_batchnorm on one path
+    files = {
+        "processor.py": _WRAPS_ITS_PARAMETER,
+        "train.py": _BUILDS_AND_PASSES.format(norm=norm),
+    }
+    found = _gt009(_repo(tmp_path, files))
+    assert [(n, ln) for n, ln, _ in found] == ([("processor.py", 15)] if reported else [])
+    if reported:
+        assert "BatchNorm1d in Backbone (train.py:11)" in found[0][2]
+
+
+def test_sync_batchnorm_keeps_the_buffers(tmp_path: Path) -> None:
+    # Taited's shape: the model converted to SyncBatchNorm before DDP wraps it
+    script = _script().replace(
+        "    model = DDP(Net())\n",
+        "    model = nn.SyncBatchNorm.convert_sync_batchnorm(Net())\n    model = DDP(model)\n",
+    )
+    assert "convert_sync_batchnorm" in script
+    found = _gt009(_repo(tmp_path, {"train.py": script}))
+    assert len(found) == 1 and "BatchNorm1d in Net" in found[0][2]

@@ -268,12 +268,47 @@ def _buffers(
     seen.add(id(expr))
     if isinstance(expr, ast.Call):
         return _made_buffers(expr, facts, depth, seen)
+    if isinstance(expr, ast.IfExp):  # `convert_sync_batchnorm(m) if cfg.sync_bn else m`
+        for branch in (expr.body, expr.orelse):
+            found = _buffers(branch, scope, facts, depth + 1, seen)
+            if found is not None:
+                return found
+        return None
     key = dotted(expr)
     if key is None:
         return None
     for value in facts.lookup(key, scope, (expr.lineno, expr.col_offset)):
         if value is not None and value is not expr:
             found = _buffers(value, facts.scope_containing(value), facts, depth + 1, seen)
+            if found is not None:
+                return found
+    return _passed_buffers(key, scope, facts, depth + 1, seen)
+
+
+def _passed_buffers(
+    key: str, scope: Scope, facts: ModuleFacts, depth: int, seen: set[int]
+) -> str | None:
+    """A parameter of the function ``scope`` opens (``def do_train(cfg, model, ...)`` then
+    ``DDP(model)``): the buffers of what its callers pass, in this file and, when the project
+    is known, in the other linted files."""
+    func = scope.node
+    if depth > _MAX_DEPTH or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    if key not in params and key not in (a.arg for a in func.args.kwonlyargs):
+        return None
+    sites = [(facts, call, where) for call, where in facts.calls_of(func)]
+    if facts.resolver is not None:
+        sites += facts.resolver.incoming((facts, func))
+    for owner, call, where in sites:
+        index = params.index(key) if key in params else -1
+        if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
+            index -= 1
+        arg = keyword_arg(call, key)
+        if arg is None and 0 <= index < len(call.args):
+            arg = call.args[index]
+        if arg is not None and not isinstance(arg, ast.Starred):
+            found = _buffers(arg, where, owner, depth + 1, seen)
             if found is not None:
                 return found
     return None
@@ -287,6 +322,8 @@ def _made_buffers(call: ast.Call, facts: ModuleFacts, depth: int, seen: set[int]
         return _buffers(func.value, facts.scope_containing(func), facts, depth + 1, seen)
     name = call_name(call, facts.imports)
     last = tail(name)
+    if last == "convert_sync_batchnorm" and call.args:  # SyncBatchNorm keeps the buffers
+        return _buffers(call.args[0], facts.scope_containing(call), facts, depth + 1, seen)
     if last in _DDP:  # `model = DDP(model)` in one branch, read by the other branch's DDP
         inner = call.args[0] if call.args else keyword_arg(call, "module")
         return (
