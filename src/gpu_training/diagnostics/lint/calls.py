@@ -22,6 +22,7 @@ import ast
 
 __all__ = [
     "call_arg",
+    "enclosing_blocks",
     "has_main_block",
     "is_const",
     "is_main_block",
@@ -130,3 +131,34 @@ def runs_itself(tree: ast.Module) -> bool:
         ):
             return True
     return False
+
+
+def enclosing_blocks(body: list[ast.stmt], node: ast.AST) -> list[tuple[list[ast.stmt], int]]:
+    """The statement lists that hold ``node``, outermost first, with the index in each."""
+    found: list[tuple[list[ast.stmt], int]] = []
+    target = node_start(node)
+    block: list[ast.stmt] | None = body
+    while block:
+        inner: list[ast.stmt] | None = None
+        for index, stmt in enumerate(block):
+            end = (getattr(stmt, "end_lineno", 0) or 0, getattr(stmt, "end_col_offset", 0) or 0)
+            if node_start(stmt) <= target <= end:
+                found.append((block, index))
+                for name in ("body", "orelse", "finalbody", "handlers"):
+                    child = getattr(stmt, name, None)
+                    if isinstance(child, list) and any(
+                        node_start(c)
+                        <= target
+                        <= (getattr(c, "end_lineno", 0) or 0, getattr(c, "end_col_offset", 0) or 0)
+                        for c in child
+                    ):
+                        inner = child
+                        break
+                break
+        if inner is not None and inner and isinstance(inner[0], ast.ExceptHandler):
+            handler = next(
+                h for h in inner if node_start(h) <= target
+            )  # the handler's own body holds it
+            inner = getattr(handler, "body", None)
+        block = inner
+    return found

@@ -32,7 +32,14 @@ import ast
 import os
 import re
 
-from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.calls import (
+    call_arg,
+    enclosing_blocks,
+    keyword_arg,
+    parameter_index,
+    tail,
+)
+from gpu_training.diagnostics.lint.kind_calls import PASSTHROUGH_METHODS
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.summary import FuncRef
 
@@ -44,7 +51,6 @@ _TORCHVISION_BN = re.compile(
     r"^(resnet|resnext|wide_resnet|densenet|mobilenet|efficientnet|regnet|inception|googlenet"
     r"|mnasnet|shufflenet|vgg\d+_bn)"
 )
-_PASSTHROUGH = frozenset({"to", "cuda", "cpu", "train", "float", "half", "bfloat16", "double"})
 _CONTAINERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 _MAX_DEPTH = 12
 
@@ -97,7 +103,7 @@ def _paired_by_training(call: ast.Call, model: ast.expr | None, facts: ModuleFac
     if name is None:
         return False
     root = facts.scope_containing(call).node
-    path = _statement_path(getattr(root, "body", []), call)
+    path = enclosing_blocks(getattr(root, "body", []), call)
     for depth in range(len(path) - 1, -1, -1):
         body, index = path[depth]
         owner = path[depth - 1][0][path[depth - 1][1]] if depth else None
@@ -112,28 +118,6 @@ def _paired_by_training(call: ast.Call, model: ast.expr | None, facts: ModuleFac
                     if dotted(callee) == name:
                         return True
     return False
-
-
-def _statement_path(body: list[ast.stmt], target: ast.AST) -> list[tuple[list[ast.stmt], int]]:
-    """``(statement list, index)`` from ``body`` down to the statement holding ``target``."""
-    for index, stmt in enumerate(body):
-        if not (stmt.lineno <= getattr(target, "lineno", -1) <= (stmt.end_lineno or stmt.lineno)):
-            continue
-        if not any(node is target for node in ast.walk(stmt)):
-            continue
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            inner = getattr(stmt, field, None)
-            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                deeper = _statement_path(inner, target)
-                if deeper:
-                    return [(body, index), *deeper]
-        if isinstance(stmt, ast.Try):
-            for handler in stmt.handlers:
-                deeper = _statement_path(handler.body, target)
-                if deeper:
-                    return [(body, index), *deeper]
-        return [(body, index)]
-    return []
 
 
 def _ddp_evidence(target: ast.expr, scope: Scope, facts: ModuleFacts) -> str | None:
@@ -205,7 +189,7 @@ def _ddp_names(facts: ModuleFacts) -> frozenset[str]:
         for key, entries in table.items():
             for _, value in entries:
                 while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-                    if value.func.attr not in _PASSTHROUGH:
+                    if value.func.attr not in PASSTHROUGH_METHODS:
                         break
                     value = value.func.value
                 if isinstance(value, ast.Call) and tail(call_name(value, facts.imports)) in _DDP:
@@ -244,7 +228,7 @@ def _ddp_calls(
         name = call_name(expr, facts.imports)
         if tail(name) in _DDP:
             return [(expr, facts.scope_containing(expr))]
-        if isinstance(expr.func, ast.Attribute) and expr.func.attr in _PASSTHROUGH:
+        if isinstance(expr.func, ast.Attribute) and expr.func.attr in PASSTHROUGH_METHODS:
             return _ddp_calls(expr.func.value, scope, facts, depth + 1, seen)
         if name == "torch.compile" and expr.args:
             return _ddp_calls(expr.args[0], scope, facts, depth + 1, seen)
@@ -300,14 +284,10 @@ def _passed_buffers(
     sites = [(facts, call, where) for call, where in facts.calls_of(func)]
     if facts.resolver is not None:
         sites += facts.resolver.incoming((facts, func))
+    index = parameter_index(func, key)
     for owner, call, where in sites:
-        index = params.index(key) if key in params else -1
-        if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
-            index -= 1
-        arg = keyword_arg(call, key)
-        if arg is None and 0 <= index < len(call.args):
-            arg = call.args[index]
-        if arg is not None and not isinstance(arg, ast.Starred):
+        arg = call_arg(call, index, key)
+        if arg is not None:
             found = _buffers(arg, where, owner, depth + 1, seen)
             if found is not None:
                 return found
@@ -318,7 +298,7 @@ def _made_buffers(call: ast.Call, facts: ModuleFacts, depth: int, seen: set[int]
     """Buffers of what ``call`` builds: a norm layer, a torchvision model, a class or a
     builder function of the project."""
     func = call.func
-    if isinstance(func, ast.Attribute) and func.attr in _PASSTHROUGH:
+    if isinstance(func, ast.Attribute) and func.attr in PASSTHROUGH_METHODS:
         return _buffers(func.value, facts.scope_containing(func), facts, depth + 1, seen)
     name = call_name(call, facts.imports)
     last = tail(name)
@@ -351,7 +331,7 @@ def _made_buffers(call: ast.Call, facts: ModuleFacts, depth: int, seen: set[int]
         if isinstance(local, ast.ClassDef):
             return _class_buffers(facts, local, depth + 1)
     for owner, made in _callees(call, facts):
-        cls = _class_of(owner, made) if made.name == "__init__" else None
+        cls = owner.class_of(made) if made.name == "__init__" else None
         if cls is not None:
             found = _class_buffers(owner, cls, depth + 1)
         else:
@@ -408,13 +388,6 @@ def _imported_values(
     if values:
         return target, [value for _, value in values]
     return _imported_values(target, symbol, depth + 1)
-
-
-def _class_of(owner: ModuleFacts, method: ast.AST) -> ast.ClassDef | None:
-    for node in owner.toplevel.values():
-        if isinstance(node, ast.ClassDef) and method in node.body:
-            return node
-    return None
 
 
 def _returned_buffers(
@@ -478,7 +451,7 @@ def _class_buffers_uncached(owner: ModuleFacts, cls: ast.ClassDef, depth: int) -
                     return found
             elif call.func.id in owner.imports.origins or owner.imports.stars:
                 for ref_owner, made in _callees(call, owner):
-                    sub = _class_of(ref_owner, made) if made.name == "__init__" else None
+                    sub = ref_owner.class_of(made) if made.name == "__init__" else None
                     if sub is not None:
                         found = _class_buffers(ref_owner, sub, depth + 1)
                         if found is not None:

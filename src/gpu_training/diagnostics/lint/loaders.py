@@ -101,9 +101,9 @@ def project_classes(facts: ModuleFacts, call: ast.Call) -> list[ast.ClassDef]:
     if isinstance(local, ast.ClassDef) and name not in facts.imports.names:
         classes.append(local)
     for owner, func in facts.callees(call):
-        classes += [
-            c for c in owner.toplevel.values() if isinstance(c, ast.ClassDef) and func in c.body
-        ]
+        cls = owner.class_of(func)
+        if cls is not None:
+            classes.append(cls)
     return classes
 
 

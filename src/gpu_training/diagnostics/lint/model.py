@@ -410,6 +410,13 @@ class ModuleFacts:
                             found += self._classes_of(ret.value, seen)
         return found
 
+    def class_of(self, method: ast.AST) -> ast.ClassDef | None:
+        """The top-level class of this file whose body defines ``method``, or None."""
+        for node in self.toplevel.values():
+            if isinstance(node, ast.ClassDef) and method in node.body:
+                return node
+        return None
+
     def instance_values(self, receiver: ast.expr) -> list[ast.Call]:
         """The calls a receiver name was bound to anywhere in the file (``t = Trainer(...)``),
         or the receiver itself when it is a call (``Trainer(...).train()``)."""

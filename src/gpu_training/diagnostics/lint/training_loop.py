@@ -33,7 +33,7 @@ import ast
 import itertools
 
 from gpu_training.diagnostics.lint.bypassed_wrappers import trains_own_sharded_model
-from gpu_training.diagnostics.lint.calls import is_const, node_start, tail
+from gpu_training.diagnostics.lint.calls import enclosing_blocks, is_const, node_start, tail
 from gpu_training.diagnostics.lint.launched_flags import launched_without_accumulation
 from gpu_training.diagnostics.lint.micro_batches import stepped_by_callers, steps_handed_optimizer
 from gpu_training.diagnostics.lint.model import (
@@ -77,7 +77,7 @@ class LoopAnalysis:
         if any(pos < node_start(call) for pos in unscales):
             return False
         body = getattr(scope.node, "body", [])
-        blocks = _enclosing_blocks(body, call)
+        blocks = enclosing_blocks(body, call)
         if self._scalerless_branch(blocks, scope):
             return False
         for block, index in blocks:
@@ -151,7 +151,7 @@ class LoopAnalysis:
             return None  # every shipped launch passes an accumulation count of 1
         if _engine_steps_after(call, loop):
             return None  # `engine.backward(loss); engine.step()`: the engine's accumulation
-        for block, index in reversed(_enclosing_blocks(getattr(loop, "body", []), call)):
+        for block, index in reversed(enclosing_blocks(getattr(loop, "body", []), call)):
             for at, stmt in enumerate(block[index + 1 :], index + 1):
                 if isinstance(stmt, ast.Expr) and self._is_optimizer_step(stmt.value, scope):
                     return None  # this path steps on every micro-batch
@@ -439,37 +439,6 @@ def _is_boundary_test(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Compare) and any(
         isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(expr)
     )
-
-
-def _enclosing_blocks(body: list[ast.stmt], node: ast.AST) -> list[tuple[list[ast.stmt], int]]:
-    """The statement lists that hold ``node``, outermost first, with the index in each."""
-    found: list[tuple[list[ast.stmt], int]] = []
-    target = node_start(node)
-    block: list[ast.stmt] | None = body
-    while block:
-        inner: list[ast.stmt] | None = None
-        for index, stmt in enumerate(block):
-            end = (getattr(stmt, "end_lineno", 0) or 0, getattr(stmt, "end_col_offset", 0) or 0)
-            if node_start(stmt) <= target <= end:
-                found.append((block, index))
-                for name in ("body", "orelse", "finalbody", "handlers"):
-                    child = getattr(stmt, name, None)
-                    if isinstance(child, list) and any(
-                        node_start(c)
-                        <= target
-                        <= (getattr(c, "end_lineno", 0) or 0, getattr(c, "end_col_offset", 0) or 0)
-                        for c in child
-                    ):
-                        inner = child
-                        break
-                break
-        if inner is not None and inner and isinstance(inner[0], ast.ExceptHandler):
-            handler = next(
-                h for h in inner if node_start(h) <= target
-            )  # the handler's own body holds it
-            inner = getattr(handler, "body", None)
-        block = inner
-    return found
 
 
 def _absent_in(test: ast.expr, *, in_orelse: bool) -> list[ast.expr]:
