@@ -13,13 +13,15 @@ import ast
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.context import Ctx
-from gpu_training.diagnostics.lint.model import Scope
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
 
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.checks import FileChecker
 
-__all__ = ["every_micro_batch", "every_step_call"]
+__all__ = ["backward_helper", "every_micro_batch", "every_step_call"]
 
+# What a helper that only backpropagates does not call: a step, or its own synchronisation switch.
+_STEPPING = frozenset({"step", "zero_grad", "no_sync", "accumulate", "no_backward_sync"})
 _NO_SYNC = {"accelerate": "accelerator.accumulate()", "fabric": "fabric.no_backward_sync()"}
 
 
@@ -40,7 +42,10 @@ def every_step_call(checker: FileChecker, call: ast.Call, scope: Scope) -> None:
 def every_micro_batch(
     checker: FileChecker, call: ast.Call, ctx: Ctx, scope: Scope, method: str | None
 ) -> None:
-    """``GT013``: a backward of a DDP model, in a loop, that all-reduces on every micro-batch."""
+    """``GT013``: a backward of a DDP model, in a loop, that all-reduces on every micro-batch
+    (the backward written in the loop, or a helper of the project that runs it)."""
+    if method != "backward" and backward_helper(checker.facts, call):
+        method = "backward"
     loop = ctx.loops[-1]
     training_loop = checker.training_loop
     if training_loop.handles_sync(loop, scope):
@@ -58,3 +63,29 @@ def every_micro_batch(
         helper = training_loop.accumulating_helper(call, scope)
         if helper is not None:
             checker.add(call, "GT013", helper)
+
+
+def backward_helper(facts: ModuleFacts, call: ast.Call) -> bool:
+    """A call of a function of the project that runs ``backward()`` and neither steps nor
+    switches the synchronisation off (``self._backward(loss)`` with ``loss = loss / k;
+    loss.backward()``): in an accumulation loop it is the micro-batch's backward.
+
+    Example:
+        >>> src = ("def back(loss):\\n    (loss / 4).backward()\\n"
+        ...        "for i, b in enumerate(dl):\\n    back(model(b))\\n")
+        >>> facts = ModuleFacts(ast.parse(src))
+        >>> backward_helper(facts, facts.tree.body[1].body[0].value)
+        True
+    """
+    callees = facts.callees(call)
+    if not callees:
+        return False
+    for _owner, func in callees:
+        methods = {
+            n.func.attr
+            for n in ast.walk(func)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        }
+        if "backward" not in methods or methods & _STEPPING:
+            return False
+    return True

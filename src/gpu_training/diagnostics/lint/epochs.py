@@ -270,11 +270,28 @@ def _iterates_own_loader(facts: ModuleFacts, func: ast.AST) -> bool:
     scope = facts.scopes.get(func)
     return scope is not None and any(
         isinstance(node, (ast.For, ast.AsyncFor))
-        and (dotted(_loop_source(node.iter)) or "").startswith("self.")
-        and not EVAL_NAME.search(tail(dotted(_loop_source(node.iter))))
+        and (dotted(_held_source(node.iter, scope, facts)) or "").startswith("self.")
+        and not EVAL_NAME.search(tail(dotted(_held_source(node.iter, scope, facts))))
         and (iterates_loader(node.iter, scope, facts) or _trains(facts, node))
         for node in iter_scope_nodes(func.body)
     )
+
+
+def _held_source(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> ast.expr:
+    """What a ``for`` iterates, also through a local name bound once to a wrapper of it
+    (``bar = tqdm(self.train_loader)``; ``for i, batch in enumerate(bar):``)."""
+    expr = _loop_source(expr)
+    for _ in range(3):
+        if not isinstance(expr, ast.Name):
+            break
+        values = facts.lookup(expr.id, scope, (expr.lineno, expr.col_offset))
+        value = values[0] if len(values) == 1 else None
+        if not (isinstance(value, ast.Call) and value.args):
+            break
+        if tail(dotted(value.func)) not in _WRAPPERS:
+            break
+        expr = _loop_source(value)
+    return expr
 
 
 def _trains(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:

@@ -430,7 +430,7 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         path = call_arg(call, 1, "filename")
     elif name in ("numpy.save", "numpy.savez", "numpy.savez_compressed", "numpy.savetxt"):
         path = call_arg(call, 0, "file")
-    elif name in ("open", "io.open") and name not in facts.imports.names:
+    elif name in ("open", "io.open", "codecs.open") and name not in facts.imports.names:
         mode = call_arg(call, 1, "mode")
         text = mode.value if isinstance(mode, ast.Constant) else None
         if isinstance(text, str) and set(text) & set("wax+"):
