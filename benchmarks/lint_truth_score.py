@@ -17,7 +17,8 @@ row of the same instance that the reader wrote at another line (the call site wh
 reports the write inside the helper, say): a ``true`` finding read there also counts that row
 as found, so one instance is not counted both true and missed. An extra row at the finding's
 very line wins over a truth row a line or two away (another call the truth did not read). A
-``bug`` row no finding matched is **missed**. Precision is true findings over findings; **recall
+``bug`` row no finding matched is **missed** (rows of the hygiene rules, ``GT008``
+and ``GT010``, aside: only bug-severity findings are scored). Precision is true findings over findings; **recall
 is instances found over instances** (``found / (found + missed)``): two findings of one instance
 (a helper's write and its call site) are two true findings and one instance found. GT015 (the process group
 never destroyed) is reported apart, as the set-6 README does.
@@ -197,6 +198,8 @@ def score(
             else:
                 result.false_findings.append({**where, "why": read.why})
     for row in truth:
+        if row.rule in RULES and RULES[row.rule].severity != BUG:
+            continue  # a hygiene rule's row (GT008, GT010): its findings are not scored either
         if row.verdict == "bug" and row not in found:
             tallies[row.rule].missed += 1
             result.missed.append(

@@ -86,6 +86,16 @@ def test_findings_are_matched_by_path_rule_and_line_within_3(scorer, checkout):
     assert result.apart.findings == 0  # destroy_process_group: no GT015
 
 
+def test_a_hygiene_rules_row_is_no_missed_bug(scorer):
+    truth = [
+        scorer.Row("a/b", "", "x.py", 5, "GT008", "bug"),  # a print on every rank: hygiene
+        scorer.Row("a/b", "", "x.py", 9, "GT007", "bug"),
+    ]
+    result = scorer.score(truth, {"a/b": []})
+    assert result.overall.missed == 1
+    assert [m["rule"] for m in result.missed] == ["GT007"]
+
+
 def test_gt015_is_counted_apart(scorer):
     truth = [
         scorer.Row("a/b", "", "x.py", 5, "GT015", "bug"),
