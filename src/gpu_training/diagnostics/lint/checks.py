@@ -97,6 +97,7 @@ from gpu_training.diagnostics.lint.ranks import (
 )
 from gpu_training.diagnostics.lint.setup import SetupRules
 from gpu_training.diagnostics.lint.summary import FuncRef
+from gpu_training.diagnostics.lint.trainer_callbacks import hook_methods
 from gpu_training.diagnostics.lint.training_loop import LoopAnalysis, is_no_sync
 from gpu_training.diagnostics.lint.wrappers import wrapper_kinds
 
@@ -202,7 +203,7 @@ class FileChecker:
         self.patched: dict[int, tuple[ast.AST, str]] = {}  # stored over a method: run.py
         self.epoch_loops: list[ast.stmt] = []
         self.guarded_collectives: list[GuardedCollective] = []
-        self._expr_cache: dict[ast.AST, tuple[list[ast.Call], list[FuncRef]]] = {}
+        self._expr_cache: dict[ast.AST, tuple[list[ast.Call], list[FuncRef], list[FuncRef]]] = {}
         self._ifexp_cache: dict[ast.AST, list[ast.IfExp]] = {}
         self._negations: dict[ast.If, ast.UnaryOp] = {}  # kept: the guard cache keys by id
         self.entry: dict[_Func, Ctx] = {}
@@ -477,19 +478,29 @@ class FileChecker:
             calls = [sub for sub in subs if isinstance(sub, ast.Call)]
             called = {id(c.func) for c in calls}
             refs = referenced_functions(self.facts, subs, called, self.patched)
-            cached = self._expr_cache[node] = (calls, refs)
+            hooks = [  # `Trainer(callbacks=[SaveCallback()])`: its hooks run in the training
+                ref
+                for sub in subs
+                if isinstance(sub, ast.Call)
+                or (isinstance(sub, ast.Name) and id(sub) not in called)
+                for ref in hook_methods(self.facts, sub)
+            ]
+            cached = self._expr_cache[node] = (calls, refs, hooks)
             self._ifexp_cache[node] = [sub for sub in subs if isinstance(sub, ast.IfExp)]
-        calls, refs = cached
+        calls, refs, hooks = cached
         overrides = self._conditional_calls(node, ctx, scope)
         for call in calls:
             self._call(call, overrides.get(id(call), ctx), scope)
-        every_rank = scope.node in self.ranks.every_rank_scopes and not ctx.launcher
-        for owner, func in refs:  # `mp.Process(target=f)` under `if rank == 0:`: rank 0's side
-            site = replace(ctx, loops=(), no_sync=False)
+        every_rank = scope.node in self.ranks.every_rank_scopes
+        handed = [(ref, ctx, every_rank and not ctx.launcher) for ref in refs]
+        # a hook runs inside the framework's training, in its processes, not the launcher's
+        trained = replace(ctx, launcher=False, prelaunch=False)
+        for (owner, func), at, every in [*handed, *((ref, trained, every_rank) for ref in hooks)]:
+            site = replace(at, loops=(), no_sync=False)  # `mp.Process(target=f)` under a guard
             if owner is self.facts:
                 self.call_sites.setdefault(func, []).append(site)
             else:  # a handler of another module: its registration is a site (callbacks.py)
-                self.callback_sites.append(((owner, func), site, every_rank))
+                self.callback_sites.append(((owner, func), site, every))
 
     def _conditional_calls(self, node: ast.AST, ctx: Ctx, scope: Scope) -> dict[int, Ctx]:
         """``SummaryWriter() if rank == 0 else None``: the calls of each branch of a

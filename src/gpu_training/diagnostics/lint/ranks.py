@@ -55,6 +55,7 @@ from gpu_training.diagnostics.lint.node_paths import copied_to
 from gpu_training.diagnostics.lint.pipeline_schedules import is_pipeline_schedule
 from gpu_training.diagnostics.lint.rank_values import rank_in_value
 from gpu_training.diagnostics.lint.temp_paths import private_temp_path
+from gpu_training.diagnostics.lint.trainer_callbacks import hook_methods
 
 __all__ = [
     "GuardedCollective",
@@ -244,6 +245,10 @@ class RankAnalysis:
             for sub in self.facts.scope_nodes.get(node, []):
                 if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                     calls[node].update(self.facts.functions.get(sub.id, []))  # `submit(save)`
+                if isinstance(sub, (ast.Name, ast.Call)):  # `callbacks=[SaveCallback()]`
+                    calls[node].update(
+                        f for o, f in hook_methods(self.facts, sub) if o is self.facts
+                    )
                 if not isinstance(sub, ast.Call):
                     continue
                 calls[node].update(self.facts.local_functions(sub))
