@@ -83,7 +83,8 @@ def _one_of(values: list[ast.expr], facts: ModuleFacts, depth: int) -> str | Non
 def conversion(call: ast.Call, facts: ModuleFacts) -> tuple[str, ast.expr] | None:
     """``x.to(torch.bfloat16)``/``x.bfloat16()`` → ``("bfloat16", x)``; ``x.float()`` →
     ``("float32", x)``; ``from_pretrained(..., torch_dtype=torch.bfloat16)`` (or the key in a
-    ``**kwargs`` dict) → bfloat16 of the call itself."""
+    ``**kwargs`` dict; or any loader given ``torch_dtype=``, the keyword Hugging Face loaders
+    take) → bfloat16 of the call itself."""
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
@@ -98,7 +99,9 @@ def conversion(call: ast.Call, facts: ModuleFacts) -> tuple[str, ast.expr] | Non
             kind = dtype_of(candidate, facts)
             if kind == "bfloat16" or kind in _FP32:
                 return ("bfloat16" if kind == "bfloat16" else "float32"), func.value
-    if func.attr in ("from_pretrained", "from_config"):
+    # `from_pretrained(..., torch_dtype=...)`, or a loader of the project that takes the same
+    # keyword (`Model.from_pretrained_lopt(path, torch_dtype=dtype)`)
+    if func.attr in ("from_pretrained", "from_config") or keyword_arg(call, "torch_dtype"):
         given = keyword_arg(call, "torch_dtype") or keyword_arg(call, "dtype")
         kind = dtype_of(given, facts) if given is not None else _splatted_dtype(call, facts)
         if kind == "bfloat16":
@@ -305,8 +308,10 @@ def _returned(module: ModuleFacts, func: ast.AST, depth: int) -> dict[int | None
             return f"bfloat16 in {_place(module, expr)} ({bf16[name][:40]})"
         if isinstance(expr, ast.Call):
             converted = conversion(expr, module)
-            if converted is not None and converted[0] == "bfloat16":
-                return f"bfloat16 in {_place(module, expr)}"
+            if converted is not None:
+                return f"bfloat16 in {_place(module, expr)}" if converted[0] == "bfloat16" else None
+            if isinstance(expr.func, ast.Attribute) and expr.func.attr in _SAME_MODULE:
+                return place(expr.func.value)  # `return model.to(device)`: the same module
             if depth < _MAX_DEPTH:
                 return _made_by(module, expr.func, depth).get(None)
         return None

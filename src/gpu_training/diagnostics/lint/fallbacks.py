@@ -29,7 +29,14 @@ from typing import Protocol
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 from gpu_training.diagnostics.lint.switches import MULTI, SINGLE
 
-__all__ = ["SINGLE_PROCESS_ATTRS", "constant_flag", "fallback_kind", "group_test", "means_group"]
+__all__ = [
+    "SINGLE_PROCESS_ATTRS",
+    "constant_flag",
+    "fallback_kind",
+    "group_query_call",
+    "group_test",
+    "means_group",
+]
 
 SINGLE_PROCESS_ATTRS = frozenset({"is_initialized", "is_distributed", "is_available"})
 """Calls whose truth says a process group exists (``dist.is_initialized()``)."""
@@ -59,6 +66,43 @@ def group_test(test: ast.expr, kind: str | None) -> str | None:
     if last in SINGLE_PROCESS_ATTRS or (not isinstance(inner, ast.Call) and means_group(last)):
         return SINGLE if negated else MULTI
     return None
+
+
+def group_query_call(facts: ModuleFacts, call: ast.expr, depth: int = 0) -> bool:
+    """A call of a function of the project that returns only whether a process group exists
+    (``def is_dist(): return dist.is_available() and dist.is_initialized()``), however it is
+    named: ``not is_dist()`` then holds only without a group, as ``not dist.is_initialized()``.
+
+    Example:
+        >>> src = ("import torch.distributed as dist\\n"
+        ...        "def is_dist():\\n    return dist.is_available() and dist.is_initialized()\\n"
+        ...        "x = is_dist()\\n")
+        >>> facts = ModuleFacts(ast.parse(src))
+        >>> group_query_call(facts, facts.tree.body[2].value)
+        True
+    """
+    if not isinstance(call, ast.Call) or call.args or call.keywords or depth > 3:
+        return False
+    refs = facts.callees(call)
+    if not refs:
+        return False
+    for owner, func in refs:
+        nodes = owner.scope_nodes.get(func, [])
+        returns = [n.value for n in nodes if isinstance(n, ast.Return)]
+        if not returns or not all(_group_query(owner, v, depth) for v in returns):
+            return False
+    return True
+
+
+def _group_query(facts: ModuleFacts, value: ast.expr | None, depth: int) -> bool:
+    """``dist.is_initialized()``, ``dist.is_available() and dist.is_initialized()``, or a
+    call of a project function that returns one."""
+    if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.And):
+        return all(_group_query(facts, v, depth) for v in value.values)
+    if not isinstance(value, ast.Call):
+        return False
+    last = (dotted(value.func) or "").rsplit(".", 1)[-1]
+    return last in SINGLE_PROCESS_ATTRS or group_query_call(facts, value, depth + 1)
 
 
 class _Modules(Protocol):

@@ -35,7 +35,12 @@ import re
 from gpu_training.diagnostics.lint.answers import answers
 from gpu_training.diagnostics.lint.calls import call_arg, parameter_index
 from gpu_training.diagnostics.lint.env_tests import launcher_variable_test
-from gpu_training.diagnostics.lint.fallbacks import SINGLE_PROCESS_ATTRS, fallback_kind, means_group
+from gpu_training.diagnostics.lint.fallbacks import (
+    SINGLE_PROCESS_ATTRS,
+    fallback_kind,
+    group_query_call,
+    means_group,
+)
 from gpu_training.diagnostics.lint.group_rank import group_rank_keys, spawn_index_keys
 from gpu_training.diagnostics.lint.locality import (
     CURRENT_DEVICE,
@@ -138,6 +143,8 @@ def _classify_uncached(facts: ModuleFacts, test: ast.expr, scope: Scope, depth: 
         last = _tail(dotted(callee))
         if inner is None and (last in SINGLE_PROCESS_ATTRS or means_group(last)):
             return _SINGLE  # `not dist.is_initialized()`, `not args.distributed`: no group
+        if inner is None and group_query_call(facts, test.operand):
+            return _SINGLE  # `not is_dist()`, whose body asks `dist.is_initialized()`
         return inner if inner == GUARD_RANK_DEP else None
     if isinstance(test, ast.BoolOp):
         parts = [_classify(facts, v, scope, depth + 1) for v in test.values]
