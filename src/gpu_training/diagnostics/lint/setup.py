@@ -42,19 +42,17 @@ from gpu_training.diagnostics.lint.group_rank import literal_group_rank
 from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
-from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
 from gpu_training.diagnostics.lint.loaders import feeds_training, own_loader_class
 from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.mode_choices import named_mode_beside_ddp
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.rank_equal import equal_sides, fstring_values
-from gpu_training.diagnostics.lint.returned_state import (
-    returned_and_saved,
-    unpacked_from_local_call,
-)
+from gpu_training.diagnostics.lint.returned_state import returned_and_saved
+from gpu_training.diagnostics.lint.saved_wrappers import is_ddp_wrapper
 from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
 from gpu_training.diagnostics.lint.single_gpu import one_gpu_per_process
 from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
+from gpu_training.diagnostics.lint.splatted import splatted_keywords
 from gpu_training.diagnostics.lint.state_saves import passed_at, state_dict_calls
 from gpu_training.diagnostics.lint.unread import never_read
 
@@ -165,17 +163,22 @@ class SetupRules:
     # --- data -----------------------------------------------------------------------------
 
     def _data_loader(self, call: ast.Call, scope: Scope, one_process: bool) -> None:
-        sampler = call_arg(call, 3, "sampler")
-        batch_sampler = call_arg(call, 4, "batch_sampler")
+        splatted = splatted_keywords(self.facts, call, scope)  # `**train_kwargs` read in sight
+        spread = splatted or {}
+        sampler = call_arg(call, 3, "sampler") or spread.get("sampler")
+        batch_sampler = call_arg(call, 4, "batch_sampler") or spread.get("batch_sampler")
         given = [s for s in (sampler, batch_sampler) if s is not None and not is_const(s, None)]
-        shuffle = call_arg(call, 2, "shuffle")
+        shuffle = call_arg(call, 2, "shuffle") or spread.get("shuffle")
         # `sampler = None; DataLoader(..., shuffle=True, sampler=sampler)` is valid
         if is_const(shuffle, True) and any(not always_none(self.facts, s, scope) for s in given):
             assert shuffle is not None
-            self.report(shuffle, "GT004", "shuffle=True and a sampler")
+            if call_arg(call, 2, "shuffle") is None:  # from `**kwargs`: at the loader itself
+                self.report(call, "GT004", f"shuffle=True (line {shuffle.lineno}) and a sampler")
+            else:
+                self.report(shuffle, "GT004", "shuffle=True and a sampler")
         if not self.dist_setup or one_process or self._is_eval_loader(call):
             return
-        if any(k.arg is None for k in call.keywords) or any(
+        if (splatted is None and any(k.arg is None for k in call.keywords)) or any(
             isinstance(a, ast.Starred) for a in call.args
         ):
             return  # `DataLoader(dataset, **loader_kwargs)`: the sampler may be in there
@@ -318,30 +321,8 @@ class SetupRules:
             detail = f"{helper} saves {ast.unparse(arg)}.state_dict(): the DDP wrapper"
             self.report(arg, "GT006", detail)
 
-    def _is_wrapper(self, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
-        """The DDP (or DataParallel) wrapper: by its last binding, or by any binding of the
-        function when the name is wrapped on one path (``if args.distributed: model =
-        DDP(model)``) and not unwrapped (``model = model.module``) before this use, or
-        unpacked from a function of the module that returns the wrapper at that position
-        (``model, optimizer = create_model()``)."""
-        if self.facts.kinds(expr, scope) & {"ddp", "dp"}:
-            return True
-        if library_wrapper(self.facts, expr, scope) is not None:  # deepspeed.initialize()
-            return True
-        key = dotted(expr)
-        if key is None or not isinstance(expr, ast.Name):
-            return False
-        every = self.facts.lookup(key, scope, node_start(expr))
-        if every == [None] and depth < 3:
-            made = unpacked_from_local_call(self.facts, expr.id, scope)
-            return any(self._is_wrapper(item, inner, depth + 1) for item, inner in made)
-        last = [v for v in every if v is not None]
-        if any(isinstance(v, ast.Attribute) and v.attr == "module" for v in last):
-            return False
-        return any(
-            v is not None and self.facts.kinds(v, scope) & {"ddp", "dp"}
-            for v in self.facts.lookup_all(key, scope)
-        )
+    def _is_wrapper(self, expr: ast.expr, scope: Scope) -> bool:
+        return is_ddp_wrapper(self.facts, expr, scope)  # saved_wrappers.py
 
     # --- optimizer ------------------------------------------------------------------------
 

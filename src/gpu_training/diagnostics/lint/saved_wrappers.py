@@ -1,0 +1,127 @@
+"""Whether a value saved or read for its ``state_dict()`` is the DDP wrapper (``GT006``).
+
+By its last binding, or by any binding of the function when the name is wrapped on one path
+(``if args.distributed: model = DDP(model)``) and not unwrapped (``model = model.module``)
+before the use, or unpacked from a function of the module that returns the wrapper at that
+position (``model, optimizer = create_model()``), or a library's wrapper
+(``deepspeed.initialize``).
+
+A name bound on both sides of one ``if`` is read branch by branch: in
+
+    if distributed:
+        model = DDP(model)
+        base_model = model.module
+    else:
+        base_model = model
+
+``base_model`` is never the wrapper: the ``else`` runs only when the ``if`` body, the one
+place ``model`` is wrapped, did not.
+
+Example:
+    >>> src = ("def f(distributed, model):\\n"
+    ...        "    if distributed:\\n"
+    ...        "        model = DDP(model)\\n"
+    ...        "        base = model.module\\n"
+    ...        "    else:\\n"
+    ...        "        base = model\\n"
+    ...        "    return base\\n")
+    >>> facts = ModuleFacts(ast.parse(src))
+    >>> func = facts.tree.body[0]
+    >>> is_ddp_wrapper(facts, func.body[1].value, facts.scope_of(func))
+    False
+"""
+
+from __future__ import annotations
+
+import ast
+
+from gpu_training.diagnostics.lint.calls import node_start
+from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
+from gpu_training.diagnostics.lint.returned_state import unpacked_from_local_call
+
+__all__ = ["is_ddp_wrapper"]
+
+_WRAPPER_KINDS = frozenset({"ddp", "dp"})
+
+
+def is_ddp_wrapper(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
+    """Whether ``expr`` is the DDP (or DataParallel) wrapper where it is read.
+
+    Args:
+        facts: The module's facts.
+        expr: The value (``model`` of ``model.state_dict()``, or an argument handed to a
+            saving helper).
+        scope: The function it is read in.
+        depth: Unpacked calls followed so far.
+    """
+    if facts.kinds(expr, scope) & _WRAPPER_KINDS and not _unwrapped_by_branch(facts, expr, scope):
+        return True
+    if library_wrapper(facts, expr, scope) is not None:  # deepspeed.initialize()
+        return True
+    key = dotted(expr)
+    if key is None or not isinstance(expr, ast.Name):
+        return False
+    every = facts.lookup(key, scope, node_start(expr))
+    if every == [None] and depth < 3:
+        made = unpacked_from_local_call(facts, expr.id, scope)
+        return any(is_ddp_wrapper(facts, item, inner, depth + 1) for item, inner in made)
+    last = [v for v in every if v is not None]
+    if any(isinstance(v, ast.Attribute) and v.attr == "module" for v in last):
+        return False
+    if _unwrapped_by_branch(facts, expr, scope):
+        return False
+    return any(
+        v is not None and facts.kinds(v, scope) & _WRAPPER_KINDS
+        for v in facts.lookup_all(key, scope)
+    )
+
+
+def _unwrapped_by_branch(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:
+    """A name every binding of which in the function is ``x.module`` or, in the other branch
+    of an ``if`` from every wrapping of ``x``, the plain ``x`` (see the module's example)."""
+    if not isinstance(expr, ast.Name):
+        return False
+    assigns = _assignments(facts, scope, expr.id)
+    if not assigns:
+        return False
+    for stmt in assigns:
+        value = stmt.value
+        if isinstance(value, ast.Attribute) and value.attr == "module":
+            continue
+        if not isinstance(value, ast.Name):
+            return False
+        wrappings = [
+            a
+            for a in _assignments(facts, scope, value.id)
+            if facts.kinds(a.value, scope) & _WRAPPER_KINDS
+        ]
+        if not wrappings or not all(_exclusive(facts, scope, w, stmt) for w in wrappings):
+            return False
+    return True
+
+
+def _assignments(facts: ModuleFacts, scope: Scope, name: str) -> list[ast.Assign]:
+    """The plain assignments ``name = value`` of the function."""
+    return [
+        node
+        for node in facts.scope_nodes.get(scope.node, [])
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id == name
+    ]
+
+
+def _exclusive(facts: ModuleFacts, scope: Scope, first: ast.stmt, second: ast.stmt) -> bool:
+    """The two statements sit in the two branches of one ``if`` (never both in a pass)."""
+    for node in facts.scope_nodes.get(scope.node, []):
+        if not isinstance(node, ast.If) or not node.orelse:
+            continue
+        body = {id(n) for s in node.body for n in ast.walk(s)}
+        orelse = {id(n) for s in node.orelse for n in ast.walk(s)}
+        if (id(first) in body and id(second) in orelse) or (
+            id(first) in orelse and id(second) in body
+        ):
+            return True
+    return False
