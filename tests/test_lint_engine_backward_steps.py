@@ -83,3 +83,44 @@ def test_a_backward_whose_receiver_never_steps_is_still_reported(tmp_path: Path)
         engine_step="pass",
     )
     assert found == [10, 14]
+
+
+_EPOCHS = """\
+import deepspeed
+import torch
+
+
+class Trainer:
+    def __init__(self, model, loader, epochs, ds_config):
+        torch.distributed.init_process_group("nccl")
+        self.model, self.loader, self.epochs, self.ds_config = model, loader, epochs, ds_config
+        self.optimizer = torch.optim.AdamW(model.parameters())
+
+    def train_deepspeed(self):
+        model_engine, _, _, _ = deepspeed.initialize(model=self.model, config=self.ds_config)
+        for epoch in range(self.epochs):
+            for batch in self.loader:
+                loss = model_engine(batch)
+                model_engine.backward(loss)
+                model_engine.step()
+
+    def train(self, use_deepspeed):
+        if use_deepspeed:
+            return self.train_deepspeed()
+        self.model = torch.nn.parallel.DistributedDataParallel(self.model)
+        for batch in self.loader:
+            self.model(batch).sum().backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.optimizer.step()
+"""
+
+
+def test_an_engine_that_steps_every_pass_is_no_micro_batch_loop(tmp_path: Path) -> None:
+    """Issue 33, held-back set 23: a DeepSpeed epoch loop whose batch loop calls
+    ``model_engine.backward(loss); model_engine.step()``, in a method called as ``return
+    self.train_deepspeed()`` from a function whose other path steps an optimizer further down:
+    the epoch loop was read as the micro-batches of that one step."""
+    (tmp_path / "train.py").write_text(_EPOCHS)
+    found = [f for f in lint_paths([tmp_path / "train.py"]).findings if f.code == "GT013"]
+    assert found == []

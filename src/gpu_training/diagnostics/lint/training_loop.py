@@ -207,6 +207,8 @@ class LoopAnalysis:
         body = list(iter_scope_nodes(loop.body))
         if any(self._is_optimizer_step(n, scope) for n in body):
             return False
+        if any(isinstance(n, ast.Call) and _engine_steps_after(n, loop) for n in body):
+            return False  # `engine.backward(loss); engine.step()`: the engine steps each pass
         if not any(_is_backward(n) for n in body):
             return False
         if self._following is None:
