@@ -76,7 +76,8 @@ def test_the_callback_handed_as_a_class(tmp_path: Path) -> None:
 
 def test_a_hook_that_tests_the_world_process_zero(tmp_path: Path) -> None:
     callback = _CALLBACK.replace(
-        '        kwargs["model"]', '        if state.is_world_process_zero:\n            kwargs["model"]'
+        '        kwargs["model"]',
+        '        if state.is_world_process_zero:\n            kwargs["model"]',
     )
     files = {"callbacks.py": callback, "train.py": _TRAIN, "run.sh": _LAUNCH}
     assert _gt007(tmp_path, files) == []
@@ -125,5 +126,7 @@ def test_a_lightning_callback_that_saves_on_every_rank(tmp_path: Path) -> None:
 def test_a_lightning_hook_on_rank_zero_only(tmp_path: Path) -> None:
     script = _LIGHTNING.replace(
         "    def on_train_epoch_end", "    @rank_zero_only\n    def on_train_epoch_end"
-    ).replace("import torch\n", "import torch\nfrom lightning.pytorch.utilities import rank_zero_only\n")
+    ).replace(
+        "import torch\n", "import torch\nfrom lightning.pytorch.utilities import rank_zero_only\n"
+    )
     assert _gt007(tmp_path, {"train.py": script}) == []
