@@ -494,8 +494,10 @@ class FileChecker:
         every_rank = scope.node in self.ranks.every_rank_scopes
         handed = [(ref, ctx, every_rank and not ctx.launcher) for ref in refs]
         # a hook runs inside the framework's training, in its processes, not the launcher's
-        trained = replace(ctx, launcher=False, prelaunch=False)
-        for (owner, func), at, every in [*handed, *((ref, trained, every_rank) for ref in hooks)]:
+        if hooks:
+            trained = replace(ctx, launcher=False, prelaunch=False)
+            handed += [(ref, trained, every_rank) for ref in hooks]
+        for (owner, func), at, every in handed:
             site = replace(at, loops=(), no_sync=False)  # `mp.Process(target=f)` under a guard
             if owner is self.facts:
                 self.call_sites.setdefault(func, []).append(site)

@@ -55,15 +55,22 @@ def hook_methods(facts: ModuleFacts, node: ast.AST) -> list[FuncRef]:
         return []
     if not isinstance(target, (ast.Name, ast.Attribute)):
         return []
-    found = _project_class(facts, dotted(target))
-    if found is None or not _derives_from_callback(*found, 0):
-        return []
-    owner, cls = found
-    return [
-        (owner, item)
-        for item in cls.body
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("on_")
-    ]
+    name = dotted(target)
+    memo = facts.memo.setdefault("hook-methods", {})
+    assert isinstance(memo, dict)
+    if name not in memo:  # asked of every call and name of the file: once per name
+        found = _project_class(facts, name)
+        memo[name] = (
+            [
+                (found[0], item)
+                for item in found[1].body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and item.name.startswith("on_")
+            ]
+            if found is not None and _derives_from_callback(*found, 0)
+            else []
+        )
+    return list(memo[name])
 
 
 def _project_class(facts: ModuleFacts, name: str | None) -> tuple[ModuleFacts, ast.ClassDef] | None:
