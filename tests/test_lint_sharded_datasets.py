@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpu_training.diagnostics.lint.report import lint_paths
+from lint_repo import repo_findings
 
 _STREAM = """\
 import torch
@@ -282,3 +283,60 @@ def test_a_dataset_class_defined_by_a_loader_that_keeps_its_rank_shard(
         "        self.loader = DataLoader(_ShardDataset(), batch_size=None, num_workers=2)"
     )
     assert found == (set() if sharded else {line})
+
+
+_INJECTED = """\
+import torch
+import torch.distributed as dist
+
+
+class InterleavedStream(torch.utils.data.IterableDataset):
+    def __init__(self, sources, rank, world_size):
+        self.sources, self.rank, self.world_size = sources, rank, world_size
+
+    def __iter__(self):
+        for i, item in enumerate(self.sources):
+            if i % self.world_size == self.rank:
+                yield item
+
+
+class Trainer:
+    def __init__(self, model, train_dataset, batch_size):
+        self.model = torch.nn.parallel.DistributedDataParallel(model)
+        self.train_dataset = train_dataset
+        self.batch_size = batch_size
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def _create_dataloader(self):
+        return torch.utils.data.DataLoader(self.train_dataset, batch_size=self.batch_size)
+
+    def train(self):
+        for batch in self._create_dataloader():
+            self.model(batch).sum().backward()
+            self.opt.step()
+
+
+def main(model, sources):
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dataset = {dataset}
+    Trainer(model, train_dataset=dataset, batch_size=8).train()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(None, [])
+"""
+
+
+def test_a_sharded_stream_handed_to_the_trainer_that_loads_it(tmp_path: Path) -> None:
+    """Issue 33, held-back set 23: the trainer's constructor keeps the dataset it is handed
+    (``self.train_dataset = train_dataset``), built by the caller as a project
+    ``IterableDataset`` that reads the rank: no ``DistributedSampler`` is missing."""
+    text = _INJECTED.replace("{dataset}", "InterleavedStream(sources, rank, world)")
+    assert repo_findings(tmp_path, {"train.py": text}, "GT003") == []
+
+
+def test_a_plain_list_handed_to_the_trainer_that_loads_it(tmp_path: Path) -> None:
+    text = _INJECTED.replace("{dataset}", "list(sources)")
+    assert repo_findings(tmp_path, {"train.py": text}, "GT003") == [("train.py", 23)]

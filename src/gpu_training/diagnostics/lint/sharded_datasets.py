@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gpu_training.diagnostics.lint.calls import tail
+from gpu_training.diagnostics.lint.calls import call_arg, parameter_index, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 
 __all__ = ["dataset_shards_itself"]
@@ -69,7 +69,27 @@ def dataset_shards_itself(
             names = [a for a in node.args if isinstance(a, ast.Name) and value is not dataset]
             if any(dataset_shards_itself(facts, a, scope, depth + 1) for a in names):
                 return True  # `Wrapper(base)`, base bound to a sharded dataset
+        if any(dataset_shards_itself(facts, a, at, depth + 1) for a, at in _passed(facts, value)):
+            return True  # `self.train_dataset = train_dataset`, handed to the constructor
     return False
+
+
+def _passed(facts: ModuleFacts, value: ast.expr) -> list[tuple[ast.expr, Scope]]:
+    """What the file's calls pass for ``value`` when it is a parameter of the function it is
+    read in (``Trainer(model, train_dataset=InterleavedStream(..., rank=rank))`` for the
+    ``train_dataset`` its ``__init__`` keeps): each argument, with the caller's scope."""
+    if not isinstance(value, ast.Name):
+        return []
+    func = facts.scope_containing(value).node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    if value.id not in {
+        a.arg for a in [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]
+    }:
+        return []
+    index = parameter_index(func, value.id)
+    found = [(call_arg(call, index, value.id), at) for call, at in facts.calls_of(func)]
+    return [(arg, at) for arg, at in found if arg is not None]
 
 
 def _values(facts: ModuleFacts, dataset: ast.expr, scope: Scope) -> list[ast.expr]:
@@ -79,6 +99,9 @@ def _values(facts: ModuleFacts, dataset: ast.expr, scope: Scope) -> list[ast.exp
         values += [v for v in facts.lookup_all(dataset.id, scope) if v is not None]
     elif (dotted(dataset) or "").startswith("self."):
         values += facts.instance_values(dataset)
+        values += [  # `self.train_dataset = train_dataset`, a parameter of the constructor
+            v for v in facts.lookup_all(dotted(dataset) or "", scope) if isinstance(v, ast.Name)
+        ]
     return values
 
 
