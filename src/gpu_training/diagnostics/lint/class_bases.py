@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
@@ -29,7 +28,7 @@ from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.project import Project
 
-__all__ = ["base_modules"]
+__all__ = ["base_modules", "project_class"]
 
 
 def base_modules(facts: ModuleFacts, project: Project, depth: int = 0) -> list[ModuleFacts]:
@@ -41,19 +40,36 @@ def base_modules(facts: ModuleFacts, project: Project, depth: int = 0) -> list[M
         return found
     for cls in (n for n in facts.nodes if isinstance(n, ast.ClassDef)):
         for base in cls.bases:
-            target = _defining_module(facts, project, base)
+            target = _defining_module(facts, base)
             if target is not None and target is not facts and target not in found:
                 found.append(target)
                 found += [m for m in base_modules(target, project, depth + 1) if m not in found]
     return found
 
 
-def _defining_module(facts: ModuleFacts, project: Project, base: ast.expr) -> ModuleFacts | None:
-    name = dotted(base)
-    if name is None:
+def _defining_module(facts: ModuleFacts, base: ast.expr) -> ModuleFacts | None:
+    found = project_class(facts, dotted(base))
+    return found[0] if found is not None else None
+
+
+def project_class(facts: ModuleFacts, name: str | None) -> tuple[ModuleFacts, ast.ClassDef] | None:
+    """The class of the project a (dotted) name read in ``facts`` stands for, with its module:
+    a top-level class of the file, or one imported (``from .vanilla import VanillaTrainer``;
+    ``import base`` then ``base.Trainer``; ``from pkg import base`` then ``base.Trainer``).
+
+    Example:
+        >>> from gpu_training.diagnostics.lint.project import Project
+        >>> facts = Project().add("t.py", ast.parse("class A:\\n    pass\\n"))
+        >>> project_class(facts, "A")[1].name
+        'A'
+    """
+    if not name:
         return None
+    local = facts.toplevel.get(name)
+    if isinstance(local, ast.ClassDef) and name not in facts.imports.names:
+        return facts, local
     head, *rest = name.split(".")
-    if head not in facts.imports.origins or len(rest) > 1:
+    if head not in facts.imports.origins or len(rest) > 1 or facts.resolver is None:
         return None
     module, level, symbol = facts.imports.origins[head]
     if symbol is not None and rest:  # `from pkg import base` then `base.Trainer`
@@ -64,10 +80,6 @@ def _defining_module(facts: ModuleFacts, project: Project, base: ast.expr) -> Mo
         cls = rest[0]
     else:
         return None
-    path = project.module_file(facts.path, module, level)
-    if path is None or not isinstance(path, Path) or path.is_dir():
-        return None
-    target = project.facts_for(path)
-    if target is None or not isinstance(target.toplevel.get(cls), ast.ClassDef):
-        return None
-    return target
+    owner = facts.resolver.module_facts(facts, module, level)
+    target = owner.toplevel.get(cls) if owner is not None else None
+    return (owner, target) if owner is not None and isinstance(target, ast.ClassDef) else None

@@ -109,13 +109,8 @@ def iterates_loader(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
         return iterates_loader(counted, scope, facts)
     if "loader" in facts.kinds(expr, scope) or "loader" in tail(dotted(expr)).lower():
         return True
-    key = dotted(expr) if isinstance(expr, ast.Name) else None
-    wrapped = [
-        v
-        for v in (facts.lookup(key, scope, (expr.lineno, expr.col_offset)) if key else [])
-        if isinstance(v, ast.Call) and v.args and tail(dotted(v.func)) in _WRAPPERS
-    ]
-    return any(iterates_loader(v, scope, facts) for v in wrapped)
+    wrapped = _wrapped_source(expr, scope, facts)
+    return wrapped is not None and iterates_loader(wrapped, scope, facts)
 
 
 def unset_shuffling_sampler(
@@ -282,16 +277,22 @@ def _held_source(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> ast.expr:
     (``bar = tqdm(self.train_loader)``; ``for i, batch in enumerate(bar):``)."""
     expr = _loop_source(expr)
     for _ in range(3):
-        if not isinstance(expr, ast.Name):
+        wrapped = _wrapped_source(expr, scope, facts)
+        if wrapped is None:
             break
-        values = facts.lookup(expr.id, scope, (expr.lineno, expr.col_offset))
-        value = values[0] if len(values) == 1 else None
-        if not (isinstance(value, ast.Call) and value.args):
-            break
-        if tail(dotted(value.func)) not in _WRAPPERS:
-            break
-        expr = _loop_source(value)
+        expr = wrapped
     return expr
+
+
+def _wrapped_source(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> ast.expr | None:
+    """``loader`` for a name last bound to ``tqdm(loader)`` (or ``enumerate``…), else None."""
+    if not isinstance(expr, ast.Name):
+        return None
+    values = facts.lookup(expr.id, scope, (expr.lineno, expr.col_offset))
+    value = values[0] if len(values) == 1 else None
+    if not (isinstance(value, ast.Call) and value.args and tail(dotted(value.func)) in _WRAPPERS):
+        return None
+    return _loop_source(value)
 
 
 def _trains(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:

@@ -294,7 +294,7 @@ class SetupRules:
         """``GT006``: what ``torch.save`` (or a project helper that calls it) is given."""
         if isinstance(obj, ast.Starred):
             return
-        if self._is_wrapper(obj, scope):
+        if is_ddp_wrapper(self.facts, obj, scope):
             self.report(obj, "GT006", "the wrapper itself is pickled")
             return
         exprs: list[ast.AST] = [obj]
@@ -303,7 +303,7 @@ class SetupRules:
             exprs += [v for v in lookup if v is not None]
         for node in state_dict_calls(exprs):
             owner = node.func.value  # type: ignore[attr-defined]
-            if self._is_wrapper(owner, scope):
+            if is_ddp_wrapper(self.facts, owner, scope):
                 self.report(node, "GT006", f"{ast.unparse(owner)} is the DDP wrapper")
 
     def _returned_wrapper_state(self, call: ast.Call, scope: Scope) -> None:
@@ -311,18 +311,15 @@ class SetupRules:
         returns (:mod:`~gpu_training.diagnostics.lint.returned_state`)."""
         assert isinstance(call.func, ast.Attribute)
         owner = call.func.value
-        if self._is_wrapper(owner, scope):
+        if is_ddp_wrapper(self.facts, owner, scope):
             handed = returned_and_saved(self.facts, call, scope)
             if handed is not None:
                 self.report(call, "GT006", f"{ast.unparse(owner)} is the DDP wrapper; {handed}")
 
     def _saved_helper_state(self, arg: ast.expr, helper: str, scope: Scope) -> None:
-        if not isinstance(arg, ast.Starred) and self._is_wrapper(arg, scope):
+        if not isinstance(arg, ast.Starred) and is_ddp_wrapper(self.facts, arg, scope):
             detail = f"{helper} saves {ast.unparse(arg)}.state_dict(): the DDP wrapper"
             self.report(arg, "GT006", detail)
-
-    def _is_wrapper(self, expr: ast.expr, scope: Scope) -> bool:
-        return is_ddp_wrapper(self.facts, expr, scope)  # saved_wrappers.py
 
     # --- optimizer ------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 
+from gpu_training.diagnostics.lint.class_bases import project_class
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 from gpu_training.diagnostics.lint.summary import FuncRef
 
@@ -59,7 +60,7 @@ def hook_methods(facts: ModuleFacts, node: ast.AST) -> list[FuncRef]:
     memo = facts.memo.setdefault("hook-methods", {})
     assert isinstance(memo, dict)
     if name not in memo:  # asked of every call and name of the file: once per name
-        found = _project_class(facts, name)
+        found = project_class(facts, name)
         memo[name] = (
             [
                 (found[0], item)
@@ -73,30 +74,6 @@ def hook_methods(facts: ModuleFacts, node: ast.AST) -> list[FuncRef]:
     return list(memo[name])
 
 
-def _project_class(facts: ModuleFacts, name: str | None) -> tuple[ModuleFacts, ast.ClassDef] | None:
-    """The class of the project a (dotted) name read in ``facts`` stands for."""
-    if not name:
-        return None
-    local = facts.toplevel.get(name)
-    if isinstance(local, ast.ClassDef) and name not in facts.imports.names:
-        return facts, local
-    head, _, rest = name.partition(".")
-    origin = facts.imports.origins.get(head)
-    if origin is None or facts.resolver is None:
-        return None
-    module, level, symbol = origin
-    if symbol is not None and not rest:  # `from .callbacks import SaveCallback`
-        owner = facts.resolver.module_facts(facts, module, level)
-        cls_name = symbol
-    elif symbol is None and rest and "." not in rest:  # `import callbacks` ... `callbacks.Save`
-        owner = facts.resolver.module_facts(facts, module, level)
-        cls_name = rest
-    else:
-        return None
-    cls = owner.toplevel.get(cls_name) if owner is not None else None
-    return (owner, cls) if owner is not None and isinstance(cls, ast.ClassDef) else None
-
-
 def _derives_from_callback(owner: ModuleFacts, cls: ast.ClassDef, depth: int) -> bool:
     if depth > _MAX_DEPTH:
         return False
@@ -106,7 +83,7 @@ def _derives_from_callback(owner: ModuleFacts, cls: ast.ClassDef, depth: int) ->
         root, _, _ = resolved.partition(".")
         if resolved.rsplit(".", 1)[-1] in _HOOK_BASES and root in _FRAMEWORKS:
             return True
-        parent = _project_class(owner, name)
+        parent = project_class(owner, name)
         if (
             parent is not None
             and parent[1] is not cls
