@@ -1,0 +1,67 @@
+"""``benchmarks/lint_sample.py``: the sampled-precision figures (issue 33), on tables made here,
+and the committed sample drawn again from the committed population."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sample():
+    spec = importlib.util.spec_from_file_location(
+        "lint_sample", ROOT / "benchmarks" / "lint_sample.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lint_sample"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(line: int, rule: str, verdict: str, defect: str, category: str = "") -> dict[str, str]:
+    return {
+        "repo": "o/r", "path": "train.py", "line": str(line), "rule": rule,
+        "verdict": verdict, "defect": defect, "category": category,
+    }  # fmt: skip
+
+
+def test_score_counts_both_judgements(sample) -> None:
+    rows = [
+        _row(1, "GT007", "true", "yes"),
+        _row(2, "GT007", "false", "yes", "one_node"),
+        _row(3, "GT006", "false", "no", "guarded"),
+        _row(4, "GT006", "unread", "no"),
+    ]
+    text = sample.score(rows)
+    assert "precision 33.3% (1 of 3, verdict); 66.7% (2, defect)" in text
+    assert "GT006: 1 findings, 0 true, 0 defect" in text
+    assert "false by category: one_node 1, guarded 1" in text
+
+
+def test_a_later_version_drops_what_it_no_longer_reports(sample) -> None:
+    rows = [_row(1, "GT007", "true", "yes"), _row(3, "GT006", "false", "no", "guarded")]
+    now = {"o+r": [["train.py", 1, "GT007", "m -- d"], ["train.py", 9, "GT003", "new"]]}
+    text = sample.score(rows, now)
+    assert "still reported 1 of 2: gone 1 (0 true, 1 false)" in text
+    assert "precision 100.0% (1 of 1, verdict)" in text
+
+
+def test_the_committed_sample_is_the_seeded_draw(sample) -> None:
+    findings = json.loads((ROOT / "benchmarks" / "lint_ddpsample_population.json").read_text())
+    drawn = sample.draw(findings, 72, 20261207)
+    with (ROOT / "benchmarks" / "lint_ddpsample_triage.csv").open(newline="") as handle:
+        read = list(csv.DictReader(handle))
+    assert sorted(d[:4] for d in drawn) == sorted(
+        (r["repo"], r["path"], int(r["line"]), r["rule"]) for r in read
+    )
+    assert {r["verdict"] for r in read} <= {"true", "false"}
+    assert {r["defect"] for r in read} <= {"yes", "no"}
+    assert all(r["category"] for r in read if r["verdict"] == "false")
