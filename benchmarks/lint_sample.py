@@ -142,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         args.out.write_text(json.dumps(lint_corpus(args.root), indent=0))
         return 0
+    for path in (
+        getattr(args, "findings", None),
+        getattr(args, "triage", None),
+        args.__dict__.get("now"),
+    ):
+        if path is not None and not path.is_file():
+            print(f"lint_sample: {path}: no such file", file=sys.stderr)
+            return 2
     if args.cmd == "draw":
         findings = json.loads(args.findings.read_text())
         with args.out.open("w", newline="") as handle:

@@ -34,6 +34,7 @@ from gpu_training.diagnostics.lint.answers import uncached
 from gpu_training.diagnostics.lint.calls import tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS, direct_collective
 from gpu_training.diagnostics.lint.epochs import shuffling_sampler
+from gpu_training.diagnostics.lint.flag_returns import flag_expression
 from gpu_training.diagnostics.lint.guards import (
     GUARD_RANK0,
     classify_guard,
@@ -425,6 +426,7 @@ _INHERITED_FLAGS = (
     "trains",
     "shuffles_sampler",
     "sets_epoch",
+    "spawns",
 )
 
 
@@ -444,6 +446,11 @@ def _summarise(project: Project, facts: ModuleFacts, func: ast.AST) -> Summary:
         elif isinstance(node, ast.If) and _configures_logging_by(facts, node, scope):
             flags = replace(flags, rank_logging=True)
     returns = [n.value for n in nodes if isinstance(n, ast.Return) and n.value is not None]
+    if len(returns) == 1 and isinstance(returns[0], ast.Name):
+        computed = flag_expression(func)  # `flag = True; if ...: flag = False; return flag`
+        if computed is not None:
+            facts.memo[("flag-expression", id(func))] = computed  # kept alive: ids are keys
+            returns = [computed]
     guards = [(v, classify_guard(facts, v, scope)) for v in returns]
     rank0 = [v for v, kind in guards if kind == GUARD_RANK0]
     constant = [v for v, kind in guards if isinstance(v, ast.Constant)]
@@ -520,6 +527,8 @@ def _merge_call(
         changes["trains"] = True
     if name.startswith("torch.distributed.") or last in DIST_SETUP_CALLS:
         changes["distributed"] = True
+    if "multiprocessing" in name and last in ("spawn", "start_processes"):
+        changes["spawns"] = True
     if last in _LOG_CONFIG and method is not None and mentions_main_or_rank(facts, call):
         changes["rank_logging"] = True  # logger.setLevel(INFO if rank == 0 else WARN)
     if (

@@ -301,9 +301,11 @@ class RankAnalysis:
         return creates, found
 
     def _launchers(self) -> set[ast.AST]:
-        """Scopes that start the ranks (``mp.spawn(worker, ...)``) and do not create a group
-        themselves: the parent process runs them once."""
+        """Scopes that start the ranks (``mp.spawn(worker, ...)``, or a function of another
+        module that does) and do not create a group themselves: the parent process runs them
+        once."""
         found = set()
+        resolver = self.facts.resolver
         for node in self.facts.scopes:
             for sub in self.facts.scope_nodes.get(node, []):
                 if not isinstance(sub, ast.Call):
@@ -311,6 +313,12 @@ class RankAnalysis:
                 name = call_name(sub, self.facts.imports)
                 if "multiprocessing" in name and tail(name) in ("spawn", "start_processes"):
                     found.add(node)
+                elif resolver is not None and any(
+                    resolver.summary(ref).spawns
+                    for ref in self.facts.callees(sub)
+                    if ref[0] is not self.facts
+                ):
+                    found.add(node)  # `device_agnostic_run(config, world_size)` spawns them
                 if tail(name) in ("init_process_group", "init_distributed"):
                     found.discard(node)
                     break

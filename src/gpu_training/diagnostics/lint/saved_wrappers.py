@@ -15,7 +15,9 @@ A name bound on both sides of one ``if`` is read branch by branch: in
         base_model = model
 
 ``base_model`` is never the wrapper: the ``else`` runs only when the ``if`` body, the one
-place ``model`` is wrapped, did not.
+place ``model`` is wrapped, did not. The same holds across two ``if``s on one unchanged test:
+``if args.distributed: model = DDP(model)``, later ``if args.distributed: ... else:
+torch.save(model.state_dict(), path)`` saves the plain model.
 
 Example:
     >>> src = ("def f(distributed, model):\\n"
@@ -55,6 +57,8 @@ def is_ddp_wrapper(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int 
         scope: The function it is read in.
         depth: Unpacked calls followed so far.
     """
+    if _wrapped_on_other_side(facts, expr, scope):
+        return False
     if facts.kinds(expr, scope) & _WRAPPER_KINDS and not _unwrapped_by_branch(facts, expr, scope):
         return True
     if library_wrapper(facts, expr, scope) is not None:  # deepspeed.initialize()
@@ -125,3 +129,58 @@ def _exclusive(facts: ModuleFacts, scope: Scope, first: ast.stmt, second: ast.st
         ):
             return True
     return False
+
+
+def _branch_sides(facts: ModuleFacts, scope: Scope, target: ast.AST) -> list[tuple[ast.If, bool]]:
+    """``(if, in_body)`` for every ``if`` of the function holding ``target`` in a branch."""
+    sides = []
+    for node in facts.scope_nodes.get(scope.node, []):
+        if not isinstance(node, ast.If):
+            continue
+        for in_body, block in ((True, node.body), (False, node.orelse)):
+            if any(target is n for stmt in block for n in ast.walk(stmt)):
+                sides.append((node, in_body))
+    return sides
+
+
+def _test_unchanged(facts: ModuleFacts, scope: Scope, test: ast.expr, start: int, end: int) -> bool:
+    """No name the test reads is assigned in the function between lines ``start`` and ``end``."""
+    read = {dotted(n) for n in ast.walk(test) if isinstance(n, (ast.Name, ast.Attribute))}
+    for node in facts.scope_nodes.get(scope.node, []):
+        if (
+            isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+            and start < node.lineno < end
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(dotted(n) in read for t in targets for n in ast.walk(t)):
+                return False
+    return True
+
+
+def _wrapped_on_other_side(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:
+    """A name every wrapping of which sits in one branch of an ``if`` on a test that the use
+    sits on the other branch of (the same ``if``, or a later one on the same unchanged test)."""
+    if not isinstance(expr, ast.Name):
+        return False
+    wrappings = [
+        a
+        for a in _assignments(facts, scope, expr.id)
+        if facts.kinds(a.value, scope) & _WRAPPER_KINDS
+    ]
+    if not wrappings:
+        return False
+    uses = _branch_sides(facts, scope, expr)
+    for wrap in wrappings:
+        if not any(
+            ast.dump(first.test) == ast.dump(second.test)
+            and first_in_body != second_in_body
+            and (
+                first is second
+                or _test_unchanged(facts, scope, first.test, first.lineno, second.lineno)
+            )
+            for first, first_in_body in _branch_sides(facts, scope, wrap)
+            for second, second_in_body in uses
+            if first.lineno <= second.lineno
+        ):
+            return False
+    return True

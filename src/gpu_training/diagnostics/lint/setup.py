@@ -44,6 +44,7 @@ from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
 from gpu_training.diagnostics.lint.loaders import feeds_training, own_loader_class
 from gpu_training.diagnostics.lint.locality import guard_locality
+from gpu_training.diagnostics.lint.lone_callers import called_only_alone
 from gpu_training.diagnostics.lint.mode_choices import named_mode_beside_ddp
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.rank_equal import equal_sides, fstring_values
@@ -177,6 +178,8 @@ class SetupRules:
             else:
                 self.report(shuffle, "GT004", "shuffle=True and a sampler")
         if not self.dist_setup or one_process or self._is_eval_loader(call):
+            return
+        if called_only_alone(self.facts, scope):  # only a one-process script builds it
             return
         if (splatted is None and any(k.arg is None for k in call.keywords)) or any(
             isinstance(a, ast.Starred) for a in call.args

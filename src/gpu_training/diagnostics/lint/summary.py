@@ -59,6 +59,8 @@ class Summary:
         sets_epoch: It calls ``set_epoch`` (or the toolkit's ``train_one_epoch``).
         trains: It runs a training step (``backward()``, ``zero_grad()``, ``optimizer.step()``).
         distributed: It uses ``torch.distributed`` or sets up distributed training.
+        spawns: It starts the ranks (``mp.spawn(worker, ...)``, itself or through a function
+            it calls): the process that calls it is the launcher, not a rank.
         returns: The kinds of what it returns (``dist_sampler``, ``rank_logger``…).
     """
 
@@ -81,6 +83,7 @@ class Summary:
     shuffles_sampler: bool = False
     sets_epoch: bool = False
     distributed: bool = False
+    spawns: bool = False
     returns: frozenset[str] = frozenset()
 
 

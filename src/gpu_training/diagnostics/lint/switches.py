@@ -85,7 +85,10 @@ def switch_test(facts: ModuleFacts, test: ast.expr) -> str | None:
     key, value, positive = read
     found = _index(facts).get(key)
     if found is None:
-        return None
+        mirrored = _mirrors(facts).get((key, value))
+        if mirrored is None:
+            return None
+        return mirrored if positive else (SINGLE if mirrored == MULTI else MULTI)
     group, alone, tested = found
     if value in group and value not in alone:
         equal = MULTI
@@ -96,6 +99,83 @@ def switch_test(facts: ModuleFacts, test: ast.expr) -> str | None:
     else:
         return None
     return equal if positive else (SINGLE if equal == MULTI else MULTI)
+
+
+def _rank_zero_test(test: ast.expr) -> bool:
+    """``rank == 0``, ``dist.get_rank() == 0``, ``args.local_rank in [-1, 0]``: a rank read
+    (a name whose last part says ``rank``) compared with 0."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    left, right = test.left, test.comparators[0]
+    if isinstance(left, ast.Constant):
+        left, right = right, left
+    read = left.func if isinstance(left, ast.Call) else left
+    name = dotted(read) if isinstance(read, (ast.Name, ast.Attribute)) else None
+    if name is None or "rank" not in tail(name).lower():
+        return False
+    if isinstance(test.ops[0], _EQ):
+        return isinstance(right, ast.Constant) and right.value == 0
+    if isinstance(test.ops[0], ast.In) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+        return any(isinstance(e, ast.Constant) and e.value == 0 for e in right.elts)
+    return False
+
+
+def _callees(stmts: list[ast.stmt]) -> set[str]:
+    return {
+        name
+        for stmt in stmts
+        for node in ast.walk(stmt)
+        if isinstance(node, ast.Call) and (name := dotted(node.func)) is not None
+    }
+
+
+def _guarded_callees(stmts: list[ast.stmt]) -> set[str]:
+    """The calls made under a rank-0 test somewhere in ``stmts``."""
+    found: set[str] = set()
+    for stmt in stmts:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.If) and _rank_zero_test(node.test):
+                found |= _callees(node.body)
+    return found
+
+
+def _mirrors(facts: ModuleFacts) -> dict[tuple[str, str], str]:
+    """``{(switch, value): MULTI or SINGLE}`` from ``if``s whose two branches mirror each
+    other around a rank guard, the layout of a script that runs alone or in a group:
+
+        if cfg.MODEL.DIST_TRAIN:
+            if dist.get_rank() == 0:
+                torch.save(model.state_dict(), path)
+        else:
+            torch.save(model.state_dict(), path)
+
+    The branch that calls ``torch.save`` on rank 0 only runs in a group; the one that calls it
+    unguarded runs alone. Read where the file's own set-up calls say nothing of the switch (a
+    trainer module handed the config of the script that creates the group)."""
+    cached = facts.memo.get("switch-mirrors")
+    if isinstance(cached, dict):
+        return cached
+    found: dict[tuple[str, str], str] = {}
+    for node in facts.nodes:
+        if not isinstance(node, ast.If) or not node.orelse:
+            continue
+        read = _read(node.test)
+        if read is None or "rank" in read[0].lower():
+            continue
+        key, value, positive = read
+        body, orelse = _guarded_callees(node.body), _guarded_callees(node.orelse)
+        if body and not orelse and body & _callees(node.orelse):
+            side = MULTI
+        elif orelse and not body and orelse & _callees(node.body):
+            side = SINGLE
+        else:
+            continue
+        equal = side if positive else (SINGLE if side == MULTI else MULTI)
+        if found.setdefault((key, value), equal) != equal:
+            found[(key, value)] = ""  # the file's branches disagree: read as nothing
+    result = {k: v for k, v in found.items() if v}
+    facts.memo["switch-mirrors"] = result
+    return result
 
 
 def _chain_else(facts: ModuleFacts, test: ast.expr) -> str | None:
