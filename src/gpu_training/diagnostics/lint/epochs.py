@@ -176,6 +176,7 @@ def loops_without_set_epoch(
         importing it) shuffles and neither ``set_epoch`` nor ``train_one_epoch`` is called
         in the file; else nothing.
     """
+    epoch_loops = [loop for loop in epoch_loops if not _runs_once(loop)]  # `range(1)`
     if unset_shuffling_sampler(calls, tails, facts.imports, toplevel=facts.toplevel):
         return list(dict.fromkeys(epoch_loops))
     if imported and not tails & {"set_epoch", "train_one_epoch"}:
@@ -190,6 +191,21 @@ def loops_without_set_epoch(
     if not tails & {"set_epoch", "train_one_epoch"}:
         return [loop for loop in dict.fromkeys(epoch_loops) if _reads_object_loader(facts, loop)]
     return []
+
+
+def _runs_once(loop: ast.stmt) -> bool:
+    """``for epoch in range(1):`` (or ``range(0, 1)``): one epoch, whose order the sampler
+    draws from its seed alone, so there is no next epoch for ``set_epoch`` to reshuffle."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)) or not isinstance(loop.iter, ast.Call):
+        return False
+    call = loop.iter
+    bounds = [a.value for a in call.args if isinstance(a, ast.Constant)]
+    if dotted(call.func) != "range" or call.keywords or len(bounds) != len(call.args):
+        return False
+    if not all(isinstance(b, int) for b in bounds) or not 1 <= len(bounds) <= 2:
+        return False
+    start, stop = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+    return stop - start <= 1
 
 
 def _reads_object_loader(facts: ModuleFacts, loop: ast.stmt) -> bool:
