@@ -1,5 +1,5 @@
-"""``gpu-training lint``: three ways projects keep work to one process that the lint did not
-read (``GT007`` twice, ``GT003``).
+"""``gpu-training lint``: four ways projects keep work to one process that the lint did not
+read (``GT007``, ``GT003``).
 
 Issue 33, the random sample of findings over 111 DDP repositories
 (``benchmarks/lint_ddpsample_triage.csv``):
@@ -20,7 +20,11 @@ Issue 33, the random sample of findings over 111 DDP repositories
   (``shuffle=True``) for the one-process ``train.py``, ``build_train_loader_ddp`` (with a
   ``DistributedSampler``) that nothing calls. The sampler made the module distributed and its
   plain loader a ``GT003`` (2 false findings); a function only files without a group call now
-  builds its loader for one process (``lone_callers.called_only_alone``).
+  builds its loader for one process (``lone_callers.called_only_alone``);
+- **a rank that holds a word**: the particle-physics repository's CPU run passes
+  ``rank = "cpu"`` to the worker, which saves under ``rank == 0 or rank == "cpu"``; like
+  ``rank == -1`` the word means "no ranks" (1 false finding). A number written as text
+  (``"0"``, ``"1"``) is still a rank.
 
 Minimal reproductions written here, with the variants that stay reported.
 """
@@ -195,3 +199,40 @@ def test_the_same_loader_built_by_a_distributed_script(tmp_path: Path) -> None:
     )
     files = {"datasets.py": _DATASETS, "train.py": script}
     assert ("datasets.py", 6) in repo_findings(tmp_path, files, "GT003")
+
+
+_CPU_RANK = """\
+import json
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def save_hps(outdir):
+    with open(f"{outdir}/hps.json", "w") as f:
+        json.dump({}, f)
+
+
+def run(rank, world_size, outdir):
+    if rank != "cpu":
+        dist.init_process_group("nccl", rank=int(rank), world_size=world_size)
+        torch.cuda.set_device(rank)
+    if (rank == 0) or (rank == "cpu"):
+        save_hps(outdir)
+    if rank != "cpu":
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(2, "out"), nprocs=2)
+"""
+
+
+def test_a_rank_that_holds_a_word_is_a_run_without_ranks(tmp_path: Path) -> None:
+    # the particle-physics repository's `rank == 0 or rank == "cpu"` (its CPU run)
+    assert repo_findings(tmp_path, {"train.py": _CPU_RANK}, "GT007") == []
+    # the group's rank is the spawn index (`rank=int(rank)`): one machine, no second node
+    assert repo_findings(tmp_path, {"train.py": _CPU_RANK}, "GT017") == []
+    # a rank read from the environment as text: "0" is rank 0, "1" another rank
+    other = _CPU_RANK.replace('(rank == "cpu")', '(str(rank) == "1")')
+    assert repo_findings(tmp_path, {"train.py": other}, "GT007") == [("train.py", 8)]

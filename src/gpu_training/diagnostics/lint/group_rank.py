@@ -44,6 +44,8 @@ def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
         if tail(call_name(call, facts.imports)) != "init_process_group":
             continue
         rank = call_arg(call, _RANK_POSITION, "rank")
+        if isinstance(rank, ast.Call) and dotted(rank.func) == "int" and len(rank.args) == 1:
+            rank = rank.args[0]  # `rank=int(rank)`: the same value
         key = dotted(rank) if rank is not None else None
         if key is not None and not _launcher_local(facts, key):
             keys.add(key)

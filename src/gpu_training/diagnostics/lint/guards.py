@@ -326,12 +326,18 @@ def _classify_compare(
         left, right = right, left
         flipped = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}
         op = flipped.get(type(op), op)
-    sentinel = _is_none(right)
+    # `rank == "cpu"`: a rank that holds a word (not "0") is a run without ranks, as -1 is
+    word = right.value if isinstance(right, ast.Constant) else None
+    sentinel = _is_none(right) or (
+        isinstance(word, str)
+        and not word.lstrip("-").isdigit()
+        and rank_derived(facts, left, scope)
+    )
     if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub):
         sentinel = isinstance(right.operand, ast.Constant)  # rank == -1
     if sentinel:
-        # `rank == -1` / `rank is None`: "not launched distributed" (true on every rank or
-        # none); `!= -1`: "launched distributed".
+        # `rank == -1` / `rank is None` / `rank == "cpu"`: "not launched distributed" (true
+        # on every rank or none); `!= -1`: "launched distributed".
         single = isinstance(op, (ast.Eq, ast.Is))
         return _SINGLE if single and rank_derived(facts, left, scope) else None
     if not rank_derived(facts, left, scope):
