@@ -110,10 +110,10 @@ def score(rows: list[dict[str, str]], now: dict[str, list[list[object]]] | None 
         )
     per_rule: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
     for r in read:
-        t = per_rule[r["rule"]]
-        t[0] += 1
-        t[1] += r["verdict"] == "true"
-        t[2] += r["defect"] == "yes"
+        tally = per_rule[r["rule"]]
+        tally[0] += 1
+        tally[1] += r["verdict"] == "true"
+        tally[2] += r["defect"] == "yes"
     for rule, (n, t, d) in sorted(per_rule.items()):
         lines.append(f"  {rule}: {n} findings, {t} true, {d} defect")
     cats = collections.Counter(r["category"] for r in read if r["verdict"] == "false")

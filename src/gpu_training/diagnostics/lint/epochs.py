@@ -199,10 +199,16 @@ def _runs_once(loop: ast.stmt) -> bool:
     if not isinstance(loop, (ast.For, ast.AsyncFor)) or not isinstance(loop.iter, ast.Call):
         return False
     call = loop.iter
-    bounds = [a.value for a in call.args if isinstance(a, ast.Constant)]
+    bounds = [
+        a.value
+        for a in call.args
+        if isinstance(a, ast.Constant)
+        and isinstance(a.value, int)
+        and not isinstance(a.value, bool)
+    ]
     if dotted(call.func) != "range" or call.keywords or len(bounds) != len(call.args):
         return False
-    if not all(isinstance(b, int) for b in bounds) or not 1 <= len(bounds) <= 2:
+    if not 1 <= len(bounds) <= 2:
         return False
     start, stop = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
     return stop - start <= 1
