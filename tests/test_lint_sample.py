@@ -65,3 +65,12 @@ def test_the_committed_sample_is_the_seeded_draw(sample) -> None:
     assert {r["verdict"] for r in read} <= {"true", "false"}
     assert {r["defect"] for r in read} <= {"yes", "no"}
     assert all(r["category"] for r in read if r["verdict"] == "false")
+
+
+def test_a_second_draw_leaves_out_what_was_read(sample) -> None:
+    findings = {"o+r": [["a.py", i, "GT007", "m"] for i in range(1, 11)]}
+    first = sample.draw(findings, 4, 1)
+    read = frozenset(f[:4] for f in first)
+    second = sample.draw(findings, 6, 2, read)
+    assert not {f[:4] for f in second} & read
+    assert len(second) == 6
