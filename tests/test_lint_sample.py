@@ -74,3 +74,15 @@ def test_a_second_draw_leaves_out_what_was_read(sample) -> None:
     second = sample.draw(findings, 6, 2, read)
     assert not {f[:4] for f in second} & read
     assert len(second) == 6
+
+
+def test_the_second_sample_is_the_seeded_draw_past_the_first(sample) -> None:
+    bench = ROOT / "benchmarks"
+    findings = json.loads((bench / "lint_ddpsample2_population.json").read_text())
+    with (bench / "lint_ddpsample_triage.csv").open(newline="") as handle:
+        first = frozenset(sample._key(r) for r in csv.DictReader(handle))
+    drawn = sample.draw(findings, 48, 20261208, first)
+    with (bench / "lint_ddpsample2_triage.csv").open(newline="") as handle:
+        read = list(csv.DictReader(handle))
+    assert sorted(d[:4] for d in drawn) == sorted(sample._key(r) for r in read)
+    assert {r["verdict"] for r in read} <= {"true", "false"}
