@@ -172,8 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with args.triage.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    now = json.loads(args.now.read_text()) if args.now else None
-    print(score(rows, now))
+    try:
+        now = json.loads(args.now.read_text()) if args.now else None
+        print(score(rows, now))
+    except (KeyError, ValueError, TypeError) as exc:  # a column missing, a line not a number
+        print(f"lint_sample: {args.triage}: not a triage table ({exc!r})", file=sys.stderr)
+        return 2
     return 0
 
 

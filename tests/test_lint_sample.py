@@ -86,3 +86,11 @@ def test_the_second_sample_is_the_seeded_draw_past_the_first(sample) -> None:
         read = list(csv.DictReader(handle))
     assert sorted(d[:4] for d in drawn) == sorted(sample._key(r) for r in read)
     assert {r["verdict"] for r in read} <= {"true", "false"}
+
+
+def test_a_file_that_is_no_triage_table_is_one_line_and_exit_2(sample, tmp_path, capsys) -> None:
+    table = tmp_path / "t.csv"
+    table.write_text("a,b\n1,2\n")
+    assert sample.main(["score", str(table)]) == 2
+    assert "not a triage table" in capsys.readouterr().err
+    assert sample.main(["score", str(tmp_path / "missing.csv")]) == 2

@@ -101,17 +101,15 @@ def switch_test(facts: ModuleFacts, test: ast.expr) -> str | None:
     return equal if positive else (SINGLE if equal == MULTI else MULTI)
 
 
-def _rank_zero_test(test: ast.expr) -> bool:
+def _rank_zero_test(facts: ModuleFacts, test: ast.expr) -> bool:
     """``rank == 0``, ``dist.get_rank() == 0``, ``args.local_rank in [-1, 0]``: a rank read
-    (a name whose last part says ``rank``) compared with 0."""
+    (:meth:`ModuleFacts.mentions_rank`) compared with 0."""
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         return False
     left, right = test.left, test.comparators[0]
     if isinstance(left, ast.Constant):
         left, right = right, left
-    read = left.func if isinstance(left, ast.Call) else left
-    name = dotted(read) if isinstance(read, (ast.Name, ast.Attribute)) else None
-    if name is None or "rank" not in tail(name).lower():
+    if not facts.mentions_rank(left):
         return False
     if isinstance(test.ops[0], _EQ):
         return isinstance(right, ast.Constant) and right.value == 0
@@ -129,12 +127,12 @@ def _callees(stmts: list[ast.stmt]) -> set[str]:
     }
 
 
-def _guarded_callees(stmts: list[ast.stmt]) -> set[str]:
+def _guarded_callees(facts: ModuleFacts, stmts: list[ast.stmt]) -> set[str]:
     """The calls made under a rank-0 test somewhere in ``stmts``."""
     found: set[str] = set()
     for stmt in stmts:
         for node in ast.walk(stmt):
-            if isinstance(node, ast.If) and _rank_zero_test(node.test):
+            if isinstance(node, ast.If) and _rank_zero_test(facts, node.test):
                 found |= _callees(node.body)
     return found
 
@@ -160,10 +158,10 @@ def _mirrors(facts: ModuleFacts) -> dict[tuple[str, str], str]:
         if not isinstance(node, ast.If) or not node.orelse:
             continue
         read = _read(node.test)
-        if read is None or "rank" in read[0].lower():
+        if read is None or facts.mentions_rank(node.test):
             continue
         key, value, positive = read
-        body, orelse = _guarded_callees(node.body), _guarded_callees(node.orelse)
+        body, orelse = _guarded_callees(facts, node.body), _guarded_callees(facts, node.orelse)
         if body and not orelse and body & _callees(node.orelse):
             side = MULTI
         elif orelse and not body and orelse & _callees(node.body):
