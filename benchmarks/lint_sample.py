@@ -139,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     p_draw.add_argument("--n", type=int, default=72)
     p_draw.add_argument("--seed", type=int, default=20261207)
     p_draw.add_argument("--out", type=Path, required=True)
-    p_draw.add_argument("--exclude", type=Path, help="a triage table whose findings were read")
+    p_draw.add_argument(
+        "--exclude",
+        type=Path,
+        action="append",
+        default=[],
+        help="a triage table whose findings were read (repeat for several)",
+    )
     p_score = sub.add_parser("score", help="the figures of a triage table")
     p_score.add_argument("triage", type=Path)
     p_score.add_argument("--now", type=Path, help="a later version's findings (lint's JSON)")
@@ -154,21 +160,21 @@ def main(argv: list[str] | None = None) -> int:
         getattr(args, "findings", None),
         getattr(args, "triage", None),
         args.__dict__.get("now"),
-        args.__dict__.get("exclude"),
+        *args.__dict__.get("exclude", []),
     ):
         if path is not None and not path.is_file():
             print(f"lint_sample: {path}: no such file", file=sys.stderr)
             return 2
     if args.cmd == "draw":
         findings = json.loads(args.findings.read_text())
-        read: frozenset[Key] = frozenset()
-        if args.exclude is not None:
-            with args.exclude.open(newline="", encoding="utf-8") as handle:
-                read = frozenset(_key(row) for row in csv.DictReader(handle))
+        read: set[Key] = set()
+        for table in args.exclude:
+            with table.open(newline="", encoding="utf-8") as handle:
+                read.update(_key(row) for row in csv.DictReader(handle))
         with args.out.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["repo", "path", "line", "rule", "finding"])
-            writer.writerows(draw(findings, args.n, args.seed, read))
+            writer.writerows(draw(findings, args.n, args.seed, frozenset(read)))
         return 0
     with args.triage.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))

@@ -88,6 +88,28 @@ def test_the_second_sample_is_the_seeded_draw_past_the_first(sample) -> None:
     assert {r["verdict"] for r in read} <= {"true", "false"}
 
 
+def test_the_third_sample_is_the_command_line_draw_past_both(sample, tmp_path) -> None:
+    bench = ROOT / "benchmarks"
+    out = tmp_path / "third.csv"
+    argv = ["draw", str(bench / "lint_ddpsample2_population.json"), "--n", "48"]
+    argv += ["--seed", "20261209", "--out", str(out)]
+    for table in ("lint_ddpsample_triage.csv", "lint_ddpsample2_triage.csv"):
+        argv += ["--exclude", str(bench / table)]
+    assert sample.main(argv) == 0
+    with out.open(newline="") as handle:
+        drawn = [sample._key(r) for r in csv.DictReader(handle)]
+    with (bench / "lint_ddpsample3_triage.csv").open(newline="") as handle:
+        read = list(csv.DictReader(handle))
+    assert sorted(drawn) == sorted(sample._key(r) for r in read)
+    assert {r["verdict"] for r in read} <= {"true", "false"}
+    assert {r["defect"] for r in read} <= {"yes", "no"}
+    earlier = set()
+    for table in ("lint_ddpsample_triage.csv", "lint_ddpsample2_triage.csv"):
+        with (bench / table).open(newline="") as handle:
+            earlier |= {sample._key(r) for r in csv.DictReader(handle)}
+    assert not set(drawn) & earlier
+
+
 def test_a_file_that_is_no_triage_table_is_one_line_and_exit_2(sample, tmp_path, capsys) -> None:
     table = tmp_path / "t.csv"
     table.write_text("a,b\n1,2\n")

@@ -35,4 +35,9 @@ class Runner:
 
 
 if __name__ == "__main__":
-    main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), torch.nn.Linear(4, 4))
+    if os.environ.get("STYLE") == "builder":
+        build(torch.nn.Linear(4, 4))
+    elif os.environ.get("STYLE") == "class":
+        Runner(torch.nn.Linear(4, 4))
+    else:
+        main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), torch.nn.Linear(4, 4))

@@ -143,13 +143,15 @@ def _computed_self_getattr(cls: ast.ClassDef) -> bool:
 class _Graph:
     """The units of the project (module tops, functions, classes, methods) and what each names."""
 
-    def __init__(self, modules: list[ModuleFacts]) -> None:
+    def __init__(self, modules: list[ModuleFacts], private: frozenset[str] = frozenset()) -> None:
         self.functions: dict[str, list[tuple[ModuleFacts, _Def]]] = {}
         self.classes: dict[str, list[tuple[ModuleFacts, ast.ClassDef]]] = {}
         self.methods: dict[int, list[_Def]] = {}  # class id -> its methods
         self.reads: dict[int, tuple[set[str], set[str]]] = {}
         self.value_uses: set[str] = set()  # class names used other than called
         self.tops: list[ast.AST] = []
+        self.owner: dict[int, str] = {}  # unit id -> its module's path
+        self.private = private  # modules only their own code can name (see dead_spans)
         for facts in modules:
             self._module(facts)
 
@@ -172,6 +174,7 @@ class _Graph:
         top = [*(s for s in tree.body if id(s) not in skip), *headers]
         self.reads[id(tree)] = _mentions(_walk_outside(top, skip), aliases)
         self.tops.append(tree)
+        self.owner[id(tree)] = facts.path
         self._values(_walk_outside(top, skip))
         for d in defs:
             if isinstance(d, ast.ClassDef):
@@ -186,11 +189,14 @@ class _Graph:
                     *(h for m in methods for h in _def_header(m)),
                 ]
                 self.reads[id(d)] = _mentions(_walk_outside(body, own), aliases)
+                self.owner[id(d)] = facts.path
                 for m in methods:
                     self.reads[id(m)] = _mentions(_walk_outside(list(m.body), set()), aliases)
+                    self.owner[id(m)] = facts.path
             else:
                 self.functions.setdefault(d.name, []).append((facts, d))
                 self.reads[id(d)] = _mentions(_walk_outside(list(d.body), set()), aliases)
+                self.owner[id(d)] = facts.path
 
     def _values(self, nodes: Iterator[ast.AST]) -> None:
         """Names used as a value: an argument, an element, an assigned value (not a call)."""
@@ -212,24 +218,31 @@ class _Graph:
         live: set[int] = {id(t) for t in self.tops}
         names: set[str] = set(config_words)
         attrs: set[str] = set(config_words)
+        own: dict[str, set[str]] = {path: set(config_words) for path in self.private}
         frontier = [id(t) for t in self.tops]
         classes: list[ast.ClassDef] = []
+
+        def named(facts: ModuleFacts, name: str) -> bool:
+            if facts.path in self.private:  # only its own running code names it
+                return name in own[facts.path]
+            return name in names or name in attrs
+
         while frontier:
             for key in frontier:
                 got_names, got_attrs = self.reads[key]
                 names |= got_names
                 attrs |= got_attrs
+                if self.owner.get(key) in own:
+                    own[self.owner[key]] |= got_names | got_attrs
             frontier = []
             for name, defs in self.functions.items():
-                for _, func in defs:
-                    if id(func) not in live and (name in names or name in attrs):
+                for facts, func in defs:
+                    if id(func) not in live and named(facts, name):
                         live.add(id(func))
                         frontier.append(id(func))
             for name, found in self.classes.items():
-                for _, cls in found:
-                    if id(cls) not in live and (
-                        name in names or name in attrs or cls.decorator_list
-                    ):
+                for facts, cls in found:
+                    if id(cls) not in live and (named(facts, name) or cls.decorator_list):
                         live.add(id(cls))
                         frontier.append(id(cls))
                         classes.append(cls)
@@ -265,6 +278,24 @@ def _has_entry(facts: ModuleFacts) -> bool:
     )
 
 
+def _private_scripts(project: Project, judged: list[ModuleFacts]) -> frozenset[str]:
+    """The scripts whose functions and classes only their own code can name: a module with
+    an entry that no module of the project imports and no string names (``import_module``,
+    ``runpy``). Another script's ``load_data()`` calls its own ``load_data``, not theirs."""
+    strings: set[str] = set()
+    for facts in project.linted.values():
+        for node in facts.nodes:
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings |= set(_WORD.findall(node.value))
+    return frozenset(
+        f.path
+        for f in judged
+        if _has_entry(f)
+        and not project.importers_of(f)
+        and os.path.splitext(os.path.basename(f.path))[0] not in strings
+    )
+
+
 def dead_spans(project: Project) -> dict[str, list[tuple[int, int]]]:
     """``path -> [(first line, last line)]`` of each function, class and method that no
     running code of the project reaches; empty for a project without a running entry or
@@ -289,7 +320,7 @@ def dead_spans(project: Project) -> dict[str, list[tuple[int, int]]]:
     for root in sorted(roots):
         for _, text in text_files(str(root), _CONFIGS):
             words |= set(_WORD.findall(text))
-    graph = _Graph(modules)
+    graph = _Graph(modules, _private_scripts(project, judged))
     live = graph.live(words)
     spans: dict[str, list[tuple[int, int]]] = {}
     for facts in judged:

@@ -22,11 +22,13 @@ from pathlib import Path
 from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.roots import installed_packages
 
 __all__ = [
     "SKIP_DIRS",
     "context_files",
     "importers",
+    "installed_packages",
     "is_test_file",
     "python_files",
     "unresolved",
@@ -51,12 +53,22 @@ def is_test_file(parts: tuple[str, ...] | list[str]) -> bool:
     return stem.startswith("test_") or stem.endswith("_test") or stem == "conftest"
 
 
+def _searched(directory: Path, name: str) -> bool:
+    """A subdirectory a search goes into: not hidden, not :data:`SKIP_DIRS`, not
+    :func:`installed_packages`."""
+    return (
+        not name.startswith(".")
+        and name not in SKIP_DIRS
+        and not installed_packages(directory / name)
+    )
+
+
 def python_files(root: Path, *, include_tests: bool = False) -> list[Path]:
-    """The ``.py`` files under ``root``, sorted; hidden and :data:`SKIP_DIRS` directories
-    skipped, and test trees unless ``include_tests``."""
+    """The ``.py`` files under ``root``, sorted; hidden, :data:`SKIP_DIRS` and
+    :func:`installed_packages` directories skipped, and test trees unless ``include_tests``."""
     found = []
     for directory, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
+        dirs[:] = sorted(d for d in dirs if _searched(Path(directory), d))
         for name in sorted(files):
             if not name.endswith(".py"):
                 continue

@@ -27,6 +27,7 @@ import ast
 
 from gpu_training.diagnostics.lint.calls import call_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
+from gpu_training.diagnostics.lint.state_saves import passed_at
 
 __all__ = ["group_rank_keys", "spawn_index_keys"]
 
@@ -42,13 +43,15 @@ def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
     keys: set[str] = set()
     for call in facts.calls:
         if tail(call_name(call, facts.imports)) != "init_process_group":
-            continue
-        rank = call_arg(call, _RANK_POSITION, "rank")
-        if isinstance(rank, ast.Call) and dotted(rank.func) == "int" and len(rank.args) == 1:
-            rank = rank.args[0]  # `rank=int(rank)`: the same value
-        key = dotted(rank) if rank is not None else None
-        if key is not None and not _launcher_local(facts, key):
-            keys.add(key)
+            ranks = _helper_group_ranks(facts, call)
+        else:
+            ranks = [call_arg(call, _RANK_POSITION, "rank")]
+        for rank in ranks:
+            if isinstance(rank, ast.Call) and dotted(rank.func) == "int" and len(rank.args) == 1:
+                rank = rank.args[0]  # `rank=int(rank)`: the same value
+            key = dotted(rank) if rank is not None else None
+            if key is not None and not _launcher_local(facts, key):
+                keys.add(key)
     pairs = [
         (target_key, value_key)
         for node in facts.nodes
@@ -66,6 +69,29 @@ def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
     result = frozenset(keys)
     facts.memo["group-rank-keys"] = result
     return result
+
+
+def _helper_group_ranks(facts: ModuleFacts, call: ast.Call) -> list[ast.expr | None]:
+    """What ``call`` passes a project helper that creates the group with that parameter as
+    its rank (``init_process(rank, size)`` whose body calls ``init_process_group(backend,
+    rank=rank, world_size=size)``, in this file or another module): the group's rank."""
+    found: list[ast.expr | None] = []
+    for _, func in facts.callees(call):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+        skip = 1 if params and params[0] in ("self", "cls") else 0
+        for inner in ast.walk(func):
+            if not isinstance(inner, ast.Call) or tail(dotted(inner.func) or "") != (
+                "init_process_group"
+            ):
+                continue
+            rank = call_arg(inner, _RANK_POSITION, "rank")
+            if isinstance(rank, ast.Call) and dotted(rank.func) == "int" and len(rank.args) == 1:
+                rank = rank.args[0]
+            if isinstance(rank, ast.Name) and rank.id in params[skip:]:
+                found.append(passed_at(call, func, params.index(rank.id) - skip))
+    return found
 
 
 _LAUNCHER_LOCAL = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "--local_rank", "--local-rank"})

@@ -23,7 +23,7 @@ import re
 import shlex
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.roots import find_project_root
+from gpu_training.diagnostics.lint.roots import find_project_root, installed_packages
 
 __all__ = ["multi_process_launches", "one_process_per_node", "repository_of", "text_files"]
 
@@ -59,7 +59,9 @@ def text_files(root: str, suffixes: tuple[str, ...]) -> tuple[tuple[str, str], .
     """``(path, text)`` of every file under ``root`` ending with one of ``suffixes``."""
     found: list[tuple[str, str]] = []
     for directory, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if _walked(d))
+        dirs[:] = sorted(
+            d for d in dirs if _walked(d) and not installed_packages(Path(directory, d))
+        )
         for name in sorted(files):
             if not name.endswith(suffixes):
                 continue

@@ -52,6 +52,7 @@ from pathlib import Path
 from gpu_training.diagnostics.lint.discover import (
     SKIP_DIRS,
     context_files,
+    installed_packages,
     is_test_file,
     unresolved,
 )
@@ -327,7 +328,9 @@ def collect_files(
 ) -> list[Path]:
     """The Python files ``paths`` name: files as given, directories searched for ``*.py``.
 
-    Hidden directories (``.venv``, ``.git``) and ``__pycache__`` are skipped, and so, unless
+    Hidden directories (``.venv``, ``.git``), ``__pycache__`` and directories of installed
+    distributions (``pip install --target``: :func:`~gpu_training.diagnostics.lint.discover.installed_packages`)
+    are skipped, and so, unless
     ``include_tests``, are test trees found under a directory (``tests/``, ``test/``,
     ``test_*.py``, ``*_test.py``, ``conftest.py``): unit tests run one process and check
     single-GPU code such as DataParallel on purpose. A file named on its own is always linted.
@@ -354,6 +357,8 @@ def collect_files(
             for file in sorted(path.rglob("*")):
                 rel = file.relative_to(path).parts
                 if any(p.startswith(".") or p in SKIP_DIRS for p in rel[:-1]):
+                    continue
+                if any(installed_packages(path.joinpath(*rel[:i])) for i in range(1, len(rel))):
                     continue
                 if not include_tests and is_test_file(rel):
                     continue

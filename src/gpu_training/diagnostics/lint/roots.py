@@ -11,7 +11,7 @@ import functools
 import os
 from pathlib import Path
 
-__all__ = ["find_project_root", "resolved"]
+__all__ = ["find_project_root", "installed_packages", "resolved"]
 
 
 @functools.cache
@@ -54,3 +54,23 @@ def find_project_root(path: str | os.PathLike[str]) -> Path | None:
         if nearest is None and any((candidate / m).exists() for m in _ROOT_MARKERS):
             nearest = candidate
     return nearest
+
+
+@functools.lru_cache(maxsize=4096)
+def installed_packages(directory: Path) -> bool:
+    """Whether ``directory`` holds installed distributions: a ``*.dist-info`` directory beside
+    the packages, as ``pip install --target packages/`` leaves them (a ``site-packages`` by
+    another name). Their code is the libraries', not the repository's: never searched.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "accelerate-1.13.0.dist-info").mkdir()
+        >>> installed_packages(root), installed_packages(root.parent)
+        (True, False)
+    """
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
+    except OSError:
+        return False

@@ -67,7 +67,10 @@ def saved_state_parameters(facts: ModuleFacts, save: ast.Call, scope: Scope) -> 
             if name.id not in params:
                 exprs += [v for v in facts.lookup(name.id, scope, node_start(name)) if v]
     found: set[int] = set()
+    plain = unwrapped_branches(func)  # `if hasattr(net, "module"): ... else: sd = net.state_dict()`
     for call in state_dict_calls(exprs):
+        if id(call) in plain:
+            continue
         owner = call.func.value  # type: ignore[attr-defined]
         if isinstance(owner, ast.Name) and owner.id in params[skip:]:
             found.add(params.index(owner.id) - skip)
@@ -107,11 +110,16 @@ def state_dict_calls(exprs: Iterable[ast.AST]) -> Iterator[ast.Call]:
 
 def unwrapped_branches(expr: ast.AST) -> set[int]:
     """The nodes of the branch of ``m.module.state_dict() if hasattr(m, "module") else
-    m.state_dict()`` that runs only when ``m`` has no ``.module``: not a wrapper there."""
+    m.state_dict()`` that runs only when ``m`` has no ``.module``: not a wrapper there. The
+    same for the statement (``if hasattr(m, "module"): sd = m.module.state_dict()`` /
+    ``else: sd = m.state_dict()``) in a helper's body; mirrored branches under another test
+    (``... if cfg["DDP"] else ...``) count in the expression only."""
     found: set[int] = set()
     for node in ast.walk(expr):
-        if not isinstance(node, ast.IfExp):
+        if not isinstance(node, (ast.IfExp, ast.If)):
             continue
+        body: list[ast.AST] = [*node.body] if isinstance(node, ast.If) else [node.body]
+        orelse: list[ast.AST] = [*node.orelse] if isinstance(node, ast.If) else [node.orelse]
         test, negated = node.test, False
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             test, negated = test.operand, True
@@ -122,18 +130,20 @@ def unwrapped_branches(expr: ast.AST) -> set[int]:
             and isinstance(test.args[1], ast.Constant)
             and test.args[1].value == "module"
         ):
-            found |= {id(n) for n in ast.walk(node.body if negated else node.orelse)}
-        for wrapped, plain in ((node.body, node.orelse), (node.orelse, node.body)):
+            found |= {id(n) for part in (body if negated else orelse) for n in ast.walk(part)}
+        if isinstance(node, ast.If):
+            continue  # a statement's branches are weighed by the checks' own guard reading
+        for wrapped, plain in ((body, orelse), (orelse, body)):
             if _unwraps(wrapped) & _state_owners(plain):
-                found |= {id(n) for n in ast.walk(plain)}
+                found |= {id(n) for part in plain for n in ast.walk(part)}
     return found
 
 
-def _unwraps(expr: ast.expr) -> set[str]:
-    """``m`` for each ``m.module.state_dict()`` in ``expr``."""
+def _unwraps(nodes: list[ast.AST]) -> set[str]:
+    """``m`` for each ``m.module.state_dict()`` in ``nodes``."""
     return {
         owner
-        for call in state_dict_calls([expr])
+        for call in state_dict_calls(nodes)
         if isinstance(call.func, ast.Attribute)
         and isinstance(call.func.value, ast.Attribute)
         and call.func.value.attr == "module"
@@ -141,10 +151,10 @@ def _unwraps(expr: ast.expr) -> set[str]:
     }
 
 
-def _state_owners(expr: ast.expr) -> set[str]:
-    """``m`` for each ``m.state_dict()`` in ``expr``."""
+def _state_owners(nodes: list[ast.AST]) -> set[str]:
+    """``m`` for each ``m.state_dict()`` in ``nodes``."""
     return {
         owner
-        for call in state_dict_calls([expr])
+        for call in state_dict_calls(nodes)
         if isinstance(call.func, ast.Attribute) and (owner := dotted(call.func.value)) is not None
     }
