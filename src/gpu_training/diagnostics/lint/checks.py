@@ -86,6 +86,7 @@ from gpu_training.diagnostics.lint.mode_branches import groupless_side
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.node_writes import node_local_write, several_processes
 from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.rank0_first import rank0_first
 from gpu_training.diagnostics.lint.ranks import (
     GuardedCollective,
     RankAnalysis,
@@ -561,8 +562,12 @@ class FileChecker:
             classify_guard(self.facts, k.value, scope) == GUARD_RANK0 for k in call.keywords
         ):
             written = None  # save_pretrained(..., is_main_process=accelerator.is_main_process)
-        if written is not None and ctx.prelaunch and "download" in written:
-            written = None  # made by the launching process alone; the others find it there
+        if (
+            written is not None
+            and "download" in written
+            and (ctx.prelaunch or rank0_first(self.facts, call, scope))
+        ):
+            written = None  # made by one process alone; the others find it there
         if written is not None and not (ctx.rank0 or ctx.one_rank):
             hints = {"accelerate": "; accelerator.save() writes once", "fabric": "; fabric.save()"}
             hint = "" if "download" in written else hints.get(self.framework or "", "")

@@ -37,6 +37,7 @@ from gpu_training.diagnostics.lint.collectives import (
     direct_collective,
     switched_off,
 )
+from gpu_training.diagnostics.lint.displayed import displayed_only
 from gpu_training.diagnostics.lint.early_ranks import rank_read_before_group
 from gpu_training.diagnostics.lint.frameworks import fabric_launch
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
@@ -386,7 +387,7 @@ def rank_dependent_update(call: ast.Call, scope: Scope, facts: ModuleFacts) -> s
         "show",
         "format",
     ):
-        return f"{last}()"
+        return None if displayed_only(call, facts) else f"{last}()"
     if method != "step":
         return None
     assert isinstance(call.func, ast.Attribute)
