@@ -110,6 +110,21 @@ def test_the_third_sample_is_the_command_line_draw_past_both(sample, tmp_path) -
     assert not set(drawn) & earlier
 
 
+def test_the_fourth_sample_is_the_draw_past_the_first_three(sample) -> None:
+    bench = ROOT / "benchmarks"
+    findings = json.loads((bench / "lint_ddpsample2_population.json").read_text())
+    read: set = set()
+    for n in ("", "2", "3"):
+        with (bench / f"lint_ddpsample{n}_triage.csv").open(newline="") as handle:
+            read |= {sample._key(r) for r in csv.DictReader(handle)}
+    drawn = sample.draw(findings, 60, 20261210, frozenset(read))
+    with (bench / "lint_ddpsample4_triage.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted(d[:4] for d in drawn) == sorted(sample._key(r) for r in rows)
+    assert {r["verdict"] for r in rows} <= {"true", "false"}
+    assert {r["defect"] for r in rows} <= {"yes", "no"}
+
+
 def test_a_file_that_is_no_triage_table_is_one_line_and_exit_2(sample, tmp_path, capsys) -> None:
     table = tmp_path / "t.csv"
     table.write_text("a,b\n1,2\n")

@@ -31,6 +31,7 @@ from gpu_training.diagnostics.lint.overridden_methods import GROUP_PREMISED, sin
 from gpu_training.diagnostics.lint.patched_methods import method_sites
 from gpu_training.diagnostics.lint.prefix_loaders import prefix_loaders, reading_back
 from gpu_training.diagnostics.lint.project import Project
+from gpu_training.diagnostics.lint.star_imports import merge_star_imports
 from gpu_training.diagnostics.lint.unbound_names import raising_spans
 from gpu_training.diagnostics.lint.unimportable import failing_import_line
 
@@ -51,6 +52,7 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
         Path → its findings, sorted by position (before ``# noqa`` and ``--select``), or a
         one-line reason when the file could not be analysed (nested too deeply).
     """
+    merge_star_imports(project)  # `from utils import *` brings `mp` and `dist` too
     failed: dict[str, str] = {}
     checkers: dict[str, FileChecker] = {}
     for path, facts in project.linted.items():
