@@ -68,3 +68,38 @@ def test_the_rank_a_helper_makes_the_group_with(
         "utils/dist_utils.py": _UTILS.replace("RANK", rank),
     }
     assert repo_findings(tmp_path, files, "GT017") == found
+
+
+_ENV_UTILS = """\
+import os
+
+import torch.distributed as dist
+
+
+def init_process(rank, size):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "12355"
+    os.environ["WORLD_SIZE"] = str(size)
+    os.environ["KEY"] = str(rank)
+    dist.init_process_group("gloo", init_method="env://")
+"""
+
+
+@pytest.mark.parametrize(("key", "found"), [("RANK", []), ("LOCAL_RANK", [("train.py", 12)])])
+def test_the_rank_a_helper_puts_in_the_environment(tmp_path: Path, key: str, found: list) -> None:
+    """The fourth sample's ``gbbin/DDP-practice``: ``init_ddp(local_rank)`` sets
+    ``os.environ["RANK"] = str(local_rank)`` and creates an ``env://`` group, so the spawn
+    index is the group's rank (the reader: false, ``guarded``); ``LOCAL_RANK`` would not be."""
+    files = {
+        "train.py": _TRAIN.replace("CALL", "rank, world_size"),
+        "utils/dist_utils.py": _ENV_UTILS.replace("KEY", key),
+    }
+    assert repo_findings(tmp_path, files, "GT017") == found
+
+
+def test_the_rank_a_worker_puts_in_the_environment(tmp_path: Path) -> None:
+    script = _TRAIN.replace("from utils.dist_utils import init_process\n", "import os\n").replace(
+        "    init_process(CALL)\n",
+        '    os.environ["RANK"] = str(rank)\n    dist.init_process_group("gloo")\n',
+    )
+    assert repo_findings(tmp_path, {"train.py": script}, "GT017") == []

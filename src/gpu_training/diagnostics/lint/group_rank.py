@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 
 from gpu_training.diagnostics.lint.calls import call_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
@@ -44,8 +45,10 @@ def group_rank_keys(facts: ModuleFacts) -> frozenset[str]:
     for call in facts.calls:
         if tail(call_name(call, facts.imports)) != "init_process_group":
             ranks = _helper_group_ranks(facts, call)
-        else:
-            ranks = [call_arg(call, _RANK_POSITION, "rank")]
+        elif (rank := call_arg(call, _RANK_POSITION, "rank")) is not None:
+            ranks = [rank]
+        else:  # `os.environ["RANK"] = str(local_rank)` before an env:// group
+            ranks = list(_environ_ranks(facts.scope_containing(call).node))
         for rank in ranks:
             if isinstance(rank, ast.Call) and dotted(rank.func) == "int" and len(rank.args) == 1:
                 rank = rank.args[0]  # `rank=int(rank)`: the same value
@@ -87,11 +90,32 @@ def _helper_group_ranks(facts: ModuleFacts, call: ast.Call) -> list[ast.expr | N
             ):
                 continue
             rank = call_arg(inner, _RANK_POSITION, "rank")
-            if isinstance(rank, ast.Call) and dotted(rank.func) == "int" and len(rank.args) == 1:
-                rank = rank.args[0]
-            if isinstance(rank, ast.Name) and rank.id in params[skip:]:
-                found.append(passed_at(call, func, params.index(rank.id) - skip))
+            given = [rank] if rank is not None else list(_environ_ranks(func))
+            for value in given:
+                if isinstance(value, ast.Call) and dotted(value.func) == "int" and value.args:
+                    value = value.args[0]
+                if isinstance(value, ast.Name) and value.id in params[skip:]:
+                    found.append(passed_at(call, func, params.index(value.id) - skip))
     return found
+
+
+def _environ_ranks(node: ast.AST) -> Iterator[ast.expr]:
+    """What ``node``'s body assigns to ``os.environ["RANK"]`` (through ``str()``/``int()``):
+    the rank an ``env://`` process group of the same body is created with."""
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Assign) or len(sub.targets) != 1:
+            continue
+        target = sub.targets[0]
+        if (
+            isinstance(target, ast.Subscript)
+            and dotted(target.value) in ("os.environ", "environ")
+            and isinstance(target.slice, ast.Constant)
+            and target.slice.value == "RANK"
+        ):
+            value = sub.value
+            if isinstance(value, ast.Call) and dotted(value.func) in ("str", "int") and value.args:
+                value = value.args[0]
+            yield value
 
 
 _LAUNCHER_LOCAL = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "--local_rank", "--local-rank"})
