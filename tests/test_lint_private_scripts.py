@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from lint_repo import repo_findings
 
 _DIST = """\
@@ -61,21 +63,19 @@ def test_another_scripts_same_name_does_not_call_it(tmp_path: Path) -> None:
     assert repo_findings(tmp_path, files, "GT003") == []
 
 
-def test_a_module_another_file_imports_is_named_by_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "reach",
+    [
+        "import train_dist\n",
+        "import importlib\ntrain_dist = importlib.import_module('train_dist')\n",
+    ],
+)
+def test_a_module_another_file_imports_or_a_string_names_is_named_by_it(
+    tmp_path: Path, reach: str
+) -> None:
     user = (
-        "import torch.distributed as dist\nimport train_dist\n\nif __name__ == '__main__':\n"
+        f"import torch.distributed as dist\n{reach}\nif __name__ == '__main__':\n"
         "    dist.init_process_group('gloo')\n    train_dist.load_data()\n"
-        "    dist.destroy_process_group()\n"
-    )
-    files = {"train_dist.py": _DIST, "train_single.py": _OTHER, "use.py": user}
-    assert ("train_dist.py", 8) in repo_findings(tmp_path, files, "GT003")
-
-
-def test_a_module_a_string_names_stays_named(tmp_path: Path) -> None:
-    user = (
-        "import importlib\nimport torch.distributed as dist\n\nif __name__ == '__main__':\n"
-        "    dist.init_process_group('gloo')\n"
-        "    importlib.import_module('train_dist').load_data()\n"
         "    dist.destroy_process_group()\n"
     )
     files = {"train_dist.py": _DIST, "train_single.py": _OTHER, "use.py": user}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import keyword_arg
+from gpu_training.diagnostics.lint.calls import keyword_arg, parents
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
 __all__ = ["bound_name", "conversion", "dtype_of", "scope_dtypes"]
@@ -143,26 +143,18 @@ def _splatted_dtype(call: ast.Call, facts: ModuleFacts) -> str | None:
     return None
 
 
-def _parents(facts: ModuleFacts) -> dict[int, ast.AST]:
-    found = facts.memo.get("bf16-parents")
-    if not isinstance(found, dict):
-        found = {id(child): node for node in facts.nodes for child in ast.iter_child_nodes(node)}
-        facts.memo["bf16-parents"] = found
-    return found
-
-
 def bound_name(call: ast.Call, facts: ModuleFacts) -> str | None:
     """The name a call's value is assigned to (``model = Net().to(torch.bfloat16)``), through
     the methods that hand the same module back in the same dtype (``from_pretrained(...,
     torch_dtype=torch.bfloat16).to("cuda")``, ``.cuda()``, ``.train()``)."""
-    parents = _parents(facts)
+    up = parents(facts)
     value: ast.expr = call
-    parent = parents.get(id(value))
+    parent = up.get(id(value))
     while isinstance(parent, ast.Attribute) and parent.attr in _SAME_MODULE:
-        outer = parents.get(id(parent))
+        outer = up.get(id(parent))
         if not (isinstance(outer, ast.Call) and outer.func is parent):
             return None
-        value, parent = outer, parents.get(id(outer))
+        value, parent = outer, up.get(id(outer))
     if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
         return dotted(parent.targets[0])
     if isinstance(parent, ast.AnnAssign):

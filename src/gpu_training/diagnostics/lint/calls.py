@@ -19,6 +19,10 @@ Example:
 from __future__ import annotations
 
 import ast
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpu_training.diagnostics.lint.model import ModuleFacts
 
 __all__ = [
     "call_arg",
@@ -29,6 +33,7 @@ __all__ = [
     "keyword_arg",
     "node_start",
     "parameter_index",
+    "parents",
     "runs_itself",
     "tail",
 ]
@@ -161,4 +166,15 @@ def enclosing_blocks(body: list[ast.stmt], node: ast.AST) -> list[tuple[list[ast
             )  # the handler's own body holds it
             inner = getattr(handler, "body", None)
         block = inner
+    return found
+
+
+def parents(facts: ModuleFacts) -> dict[int, ast.AST]:
+    """``id(node)`` -> the node that holds it, for every node of the module (kept in
+    ``facts.memo``): where a value goes (``model = Net().to(torch.bfloat16)``, a call formatted
+    into a message)."""
+    found = facts.memo.get("parents")
+    if not isinstance(found, dict):
+        found = {id(child): node for node in facts.nodes for child in ast.iter_child_nodes(node)}
+        facts.memo["parents"] = found
     return found

@@ -28,7 +28,6 @@ __all__ = [
     "SKIP_DIRS",
     "context_files",
     "importers",
-    "installed_packages",
     "is_test_file",
     "python_files",
     "unresolved",
@@ -55,7 +54,7 @@ def is_test_file(parts: tuple[str, ...] | list[str]) -> bool:
 
 def _searched(directory: Path, name: str) -> bool:
     """A subdirectory a search goes into: not hidden, not :data:`SKIP_DIRS`, not
-    :func:`installed_packages`."""
+    :func:`~gpu_training.diagnostics.lint.roots.installed_packages`."""
     return (
         not name.startswith(".")
         and name not in SKIP_DIRS
@@ -64,8 +63,9 @@ def _searched(directory: Path, name: str) -> bool:
 
 
 def python_files(root: Path, *, include_tests: bool = False) -> list[Path]:
-    """The ``.py`` files under ``root``, sorted; hidden, :data:`SKIP_DIRS` and
-    :func:`installed_packages` directories skipped, and test trees unless ``include_tests``."""
+    """The ``.py`` files under ``root``, sorted; hidden, :data:`SKIP_DIRS` and installed
+    distributions' directories skipped (:func:`_searched`), and test trees unless
+    ``include_tests``."""
     found = []
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if _searched(Path(directory), d))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 
+from gpu_training.diagnostics.lint.calls import parents
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
 __all__ = ["displayed_only"]
@@ -32,21 +33,12 @@ _SHOWN_BY = frozenset({"print", "format", "info", "debug", "warning", "error", "
 stream's ``write``."""
 
 
-def _parents(facts: ModuleFacts) -> dict[int, ast.AST]:
-    cached = facts.memo.get("parents")
-    if isinstance(cached, dict):
-        return cached
-    parents = {id(child): node for node in facts.nodes for child in ast.iter_child_nodes(node)}
-    facts.memo["parents"] = parents
-    return parents
-
-
 def displayed_only(call: ast.Call, facts: ModuleFacts) -> bool:
     """Whether ``call``'s value only goes into a message (see the module docstring)."""
-    parents = _parents(facts)
+    up = parents(facts)
     node: ast.AST = call
     while True:
-        parent = parents.get(id(node))
+        parent = up.get(id(node))
         if parent is None or isinstance(parent, ast.stmt):
             return False
         if isinstance(parent, ast.JoinedStr):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import tail
+from gpu_training.diagnostics.lint.calls import enclosing_blocks, tail
 from gpu_training.diagnostics.lint.guards import GUARD_NOT_RANK0, GUARD_RANK0, classify_guard
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name
 
@@ -53,23 +53,11 @@ def rank0_first(facts: ModuleFacts, call: ast.Call, scope: Scope) -> bool:
         True when the two barriers enclose it.
     """
     body = getattr(scope.node, "body", None)
-    return isinstance(body, list) and _between(facts, scope, body, call)
-
-
-def _between(facts: ModuleFacts, scope: Scope, block: list[ast.stmt], call: ast.Call) -> bool:
-    for i, stmt in enumerate(block):
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        if not any(node is call for node in ast.walk(stmt)):
-            continue
-        if any(_waits(facts, scope, s, GUARD_NOT_RANK0) for s in block[:i]) and any(
-            _waits(facts, scope, s, GUARD_RANK0) for s in block[i + 1 :]
-        ):
-            return True
-        inner = [getattr(stmt, f, None) or [] for f in ("body", "orelse", "finalbody")]
-        inner += [h.body for h in getattr(stmt, "handlers", []) or []]
-        return any(_between(facts, scope, sub, call) for sub in inner if isinstance(sub, list))
-    return False
+    return isinstance(body, list) and any(
+        any(_waits(facts, scope, s, GUARD_NOT_RANK0) for s in block[:i])
+        and any(_waits(facts, scope, s, GUARD_RANK0) for s in block[i + 1 :])
+        for block, i in enclosing_blocks(body, call)
+    )
 
 
 def _waits(facts: ModuleFacts, scope: Scope, stmt: ast.stmt, side: str) -> bool:

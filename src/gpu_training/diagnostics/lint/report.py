@@ -52,11 +52,11 @@ from pathlib import Path
 from gpu_training.diagnostics.lint.discover import (
     SKIP_DIRS,
     context_files,
-    installed_packages,
     is_test_file,
     unresolved,
 )
 from gpu_training.diagnostics.lint.project import Project, find_project_root
+from gpu_training.diagnostics.lint.roots import installed_packages
 from gpu_training.diagnostics.lint.rules import BUG, HYGIENE, RULES, explain
 from gpu_training.diagnostics.lint.run import RawFinding, check_project
 
@@ -329,7 +329,7 @@ def collect_files(
     """The Python files ``paths`` name: files as given, directories searched for ``*.py``.
 
     Hidden directories (``.venv``, ``.git``), ``__pycache__`` and directories of installed
-    distributions (``pip install --target``: :func:`~gpu_training.diagnostics.lint.discover.installed_packages`)
+    distributions (``pip install --target``: :func:`~gpu_training.diagnostics.lint.roots.installed_packages`)
     are skipped, and so, unless
     ``include_tests``, are test trees found under a directory (``tests/``, ``test/``,
     ``test_*.py``, ``*_test.py``, ``conftest.py``): unit tests run one process and check

@@ -42,7 +42,7 @@ def merge_star_imports(project: Project) -> None:
     for facts in list(project.linted.values()):
         if not facts.imports.stars:
             continue
-        bound = _bound_names(facts)
+        bound = facts.module_scope.bindings  # defs, classes, assignments of its own
         gained = {
             name: target
             for name, target in _exported_imports(project, facts, 0).items()
@@ -83,15 +83,3 @@ def _declared_all(tree: ast.Module) -> frozenset[str] | None:
                 if isinstance(e, ast.Constant) and isinstance(e.value, str)
             )
     return None
-
-
-def _bound_names(facts: ModuleFacts) -> set[str]:
-    """Names the module binds at its top level itself (defs, classes, assignments)."""
-    bound: set[str] = set()
-    for stmt in facts.tree.body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(stmt.name)
-        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return bound
