@@ -96,6 +96,7 @@ from gpu_training.diagnostics.lint.ranks import (
     rank_dependent_assignments,
     rank_dependent_update,
 )
+from gpu_training.diagnostics.lint.released import released_sides, releasing
 from gpu_training.diagnostics.lint.setup import SetupRules
 from gpu_training.diagnostics.lint.summary import FuncRef
 from gpu_training.diagnostics.lint.trainer_callbacks import hook_methods
@@ -437,6 +438,7 @@ class FileChecker:
             )
             # `if args.distributed: ... else: print(...)`: the else runs without ranks
             body_ctx, else_ctx = branch_contexts(self, stmt, scope, optional, ctx)  # by callers
+            body_ctx, else_ctx = released_sides(self.facts, scope, stmt, body_ctx, else_ctx)
             self._stmts(stmt.body, single if lone_body else body_ctx, scope, branch=True)
             self._stmts(
                 stmt.orelse,
@@ -467,7 +469,8 @@ class FileChecker:
         self._stmts(stmt.orelse, else_ctx, scope, branch=True)
         if not stmt.orelse and terminates(stmt.body) and not isinstance(stmt.body[-1], ast.Raise):
             # `if not ctx.is_main_process: return`: the rest runs on the other ranks only (a raise
-            return replace(else_ctx, excused=frozenset(), exits=ctx.exits)  # fails the job instead)
+            after = replace(else_ctx, excused=frozenset(), exits=ctx.exits)  # fails the job)
+            return releasing(self.facts, scope, stmt, ctx, after)
         return ctx
 
     # --- expressions and calls ------------------------------------------------------------

@@ -73,6 +73,9 @@ class Ctx:
     # `if X:` under `if not X or B:`) leaves B to hold, maybe a rank-0 test
     disjunctions: tuple[ast.BoolOp, ...] = ()
     dead: bool = False  # a call site inside a function nothing calls
+    # after `if not flag and not is_rank0: return`: (the fact that fails a flag part, the
+    # context before the return, its line) - a branch on the flag runs on those ranks again
+    released: tuple[tuple[frozenset[tuple[str, bool]], Ctx, int], ...] = ()
 
 
 def entry_context(sites: list[Ctx], name: str = "") -> Ctx:

@@ -10,6 +10,10 @@ it to evaluation (``to``, ``cuda``, ``load_state_dict``, ``eval``...), with at l
 such call. A use that may train (``.train()``, ``.parameters()`` for an optimizer, the
 model handed on or returned, a call outside ``no_grad``) keeps the finding.
 
+A wrapper that is never run at all is not reported either: a script that wraps a model only
+to load a checkpoint saved with ``module.`` keys and then calls ``net.module.record_grad(x)``
+(or takes ``net.state_dict()``) goes round DataParallel; nothing is scattered to a GPU.
+
 Example:
     >>> import ast
     >>> from gpu_training.diagnostics.lint.model import ModuleFacts
@@ -35,6 +39,7 @@ _HARMLESS = frozenset(
     {"eval", "to", "cuda", "cpu", "half", "float", "load_state_dict", "requires_grad_"}
 )
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
+_AROUND = frozenset({"module", "state_dict"})  # the wrapped model itself: DataParallel never runs
 
 
 def infers_only(facts: ModuleFacts, wrapped: ast.Call, scope: Scope) -> bool:
@@ -46,8 +51,9 @@ def infers_only(facts: ModuleFacts, wrapped: ast.Call, scope: Scope) -> bool:
         scope: The function it is in (the module scope is not followed: other files import it).
 
     Returns:
-        True when every use of the name is an inference call or a harmless method (see the
-        module docstring) and there is at least one inference call; False otherwise.
+        True when every use of the name is an inference call, a harmless method or a way
+        round the wrapper (``net.module``, ``net.state_dict()``), with at least one use, and
+        no call of it is outside ``no_grad`` (see the module docstring); False otherwise.
     """
     if isinstance(scope.node, ast.Module):
         return False
@@ -77,17 +83,15 @@ def infers_only(facts: ModuleFacts, wrapped: ast.Call, scope: Scope) -> bool:
     if any(id(n) not in own or not isinstance(n.ctx, ast.Load) for n in uses):
         return False  # a nested function uses it, or the name is rebound: not followed
     parents = {id(child): node for node in nodes for child in ast.iter_child_nodes(node)}
-    runs = 0
     for node in uses:
         user = parents.get(id(node))
-        if isinstance(user, ast.Attribute) and user.attr in _HARMLESS:
+        if isinstance(user, ast.Attribute) and user.attr in _HARMLESS | _AROUND:
             continue
         if not (
             isinstance(user, ast.Call) and user.func is node and _no_grad(facts, user, parents)
         ):
             return False  # trained, handed on, returned: it may reach a backward
-        runs += 1
-    return runs > 0
+    return bool(uses)
 
 
 def node_end(node: ast.AST) -> tuple[int, int]:

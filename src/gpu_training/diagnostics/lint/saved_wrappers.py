@@ -17,7 +17,9 @@ A name bound on both sides of one ``if`` is read branch by branch: in
 ``base_model`` is never the wrapper: the ``else`` runs only when the ``if`` body, the one
 place ``model`` is wrapped, did not. The same holds across two ``if``s on one unchanged test:
 ``if args.distributed: model = DDP(model)``, later ``if args.distributed: ... else:
-torch.save(model.state_dict(), path)`` saves the plain model.
+torch.save(model.state_dict(), path)`` saves the plain model, and so it does when the
+wrapping test only adds a condition (``if torch.cuda.device_count() > 1 and cfg.DIST_TRAIN:``
+wraps, ``if cfg.DIST_TRAIN: ... else: torch.save(model.state_dict(), path)`` saves).
 
 Example:
     >>> src = ("def f(distributed, model):\\n"
@@ -36,13 +38,17 @@ Example:
 from __future__ import annotations
 
 import ast
+import copy
 
 from gpu_training.diagnostics.lint.calls import node_start
+from gpu_training.diagnostics.lint.implied import contradict, known, unchanged
 from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
-from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.returned_state import unpacked_from_local_call
+from gpu_training.diagnostics.lint.state_saves import passed_at, saved_state_parameters
+from gpu_training.diagnostics.lint.summary import FuncRef
 
-__all__ = ["is_ddp_wrapper"]
+__all__ = ["is_ddp_wrapper", "saved_where_unwrapped"]
 
 _WRAPPER_KINDS = frozenset({"ddp", "dp"})
 
@@ -143,40 +149,20 @@ def _branch_sides(facts: ModuleFacts, scope: Scope, target: ast.AST) -> list[tup
     return sides
 
 
-def _test_unchanged(facts: ModuleFacts, scope: Scope, test: ast.expr, start: int, end: int) -> bool:
-    """No name the test reads is assigned in the function between lines ``start`` and ``end``."""
-    read = {dotted(n) for n in ast.walk(test) if isinstance(n, (ast.Name, ast.Attribute))}
-    for node in facts.scope_nodes.get(scope.node, []):
-        if (
-            isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-            and start < node.lineno < end
-        ):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(dotted(n) in read for t in targets for n in ast.walk(t)):
-                return False
-    return True
-
-
 def _wrapped_on_other_side(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:
     """A name every wrapping of which sits in one branch of an ``if`` on a test that the use
     sits on the other branch of (the same ``if``, or a later one on the same unchanged test)."""
     if not isinstance(expr, ast.Name):
         return False
-    wrappings = [
-        a
-        for a in _assignments(facts, scope, expr.id)
-        if facts.kinds(a.value, scope) & _WRAPPER_KINDS
-    ]
+    wrappings = _wrappings(facts, scope, expr.id)
     if not wrappings:
         return False
     uses = _branch_sides(facts, scope, expr)
     for wrap in wrappings:
         if not any(
-            ast.dump(first.test) == ast.dump(second.test)
-            and first_in_body != second_in_body
+            contradict(known(first.test, first_in_body), known(second.test, second_in_body))
             and (
-                first is second
-                or _test_unchanged(facts, scope, first.test, first.lineno, second.lineno)
+                first is second or unchanged(facts, scope, first.test, first.lineno, second.lineno)
             )
             for first, first_in_body in _branch_sides(facts, scope, wrap)
             for second, second_in_body in uses
@@ -184,3 +170,90 @@ def _wrapped_on_other_side(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> 
         ):
             return False
     return True
+
+
+def saved_where_unwrapped(
+    facts: ModuleFacts, scope: Scope, call: ast.Call, ref: FuncRef, position: int, given: ast.expr
+) -> bool:
+    """Whether a helper saves its parameter's ``state_dict()`` only where the caller's wrapper
+    was not made: the caller wraps under a test, the helper saves on the other side of it.
+
+        if torch.cuda.device_count() > 1 and cfg.MODEL.DIST_TRAIN:   # the caller
+            model = DDP(model)
+        do_train(cfg, model)
+        ...
+        def do_train(cfg, model):                                    # the helper
+            if cfg.MODEL.DIST_TRAIN:
+                if dist.get_rank() == 0:
+                    torch.save(model.module.state_dict(), path)
+            else:
+                torch.save(model.state_dict(), path)                 # the plain model
+
+    The helper's tests are read through what the call passes (``cfg`` for ``cfg``); a test that
+    reads anything but the parameters, or a parameter assigned before the save, says nothing.
+
+    Args:
+        facts: The caller's module.
+        scope: The caller's function (or module).
+        call: The call of the helper.
+        ref: The helper.
+        position: The parameter whose ``state_dict()`` the helper saves.
+        given: What the call passes there.
+    """
+    owner, func = ref
+    if not isinstance(given, ast.Name):
+        return False
+    wraps = _wrappings(facts, scope, given.id)
+    inner = owner.scope_of(func)
+    saves = [
+        node
+        for node in owner.scope_nodes.get(func, [])
+        if isinstance(node, ast.Call)
+        and call_name(node, owner.imports) == "torch.save"
+        and position in saved_state_parameters(owner, node, inner)
+    ]
+    if not wraps or not saves or any(w.lineno > call.lineno for w in wraps):
+        return False
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    skip = 1 if params and params[0] in ("self", "cls") else 0
+    passed = {name: passed_at(call, func, i - skip) for i, name in enumerate(params) if i >= skip}
+    for save in saves:
+        said: frozenset[tuple[str, bool]] = frozenset()
+        for test, holds in _branch_sides(owner, inner, save):
+            seen = _through(test.test, passed)
+            if seen is not None and unchanged(owner, inner, test.test, func.lineno, save.lineno):
+                said |= known(seen, holds)
+        for wrap in wraps:
+            before = frozenset().union(
+                *(
+                    known(test.test, holds)
+                    for test, holds in _branch_sides(facts, scope, wrap)
+                    if unchanged(facts, scope, test.test, test.lineno, call.lineno)
+                )
+            )
+            if not contradict(before, said):
+                return False
+    return True
+
+
+def _wrappings(facts: ModuleFacts, scope: Scope, name: str) -> list[ast.Assign]:
+    """The assignments of the function that bind ``name`` to a DDP or DataParallel wrapper."""
+    return [
+        a for a in _assignments(facts, scope, name) if facts.kinds(a.value, scope) & _WRAPPER_KINDS
+    ]
+
+
+def _through(test: ast.expr, passed: dict[str, ast.expr | None]) -> ast.expr | None:
+    """The helper's ``test`` as the caller writes it (each parameter replaced by what the call
+    passes), or None when it reads a name that is not a parameter passed by the call."""
+    names = [n for n in ast.walk(test) if isinstance(n, ast.Name)]
+    if not names or any(passed.get(n.id) is None for n in names):
+        return None
+
+    class _Swap(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            value = passed[node.id]
+            assert value is not None
+            return copy.deepcopy(value)
+
+    return _Swap().visit(copy.deepcopy(test))

@@ -49,7 +49,7 @@ from gpu_training.diagnostics.lint.mode_choices import named_mode_beside_ddp
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.rank_equal import equal_sides, fstring_values
 from gpu_training.diagnostics.lint.returned_state import returned_and_saved
-from gpu_training.diagnostics.lint.saved_wrappers import is_ddp_wrapper
+from gpu_training.diagnostics.lint.saved_wrappers import is_ddp_wrapper, saved_where_unwrapped
 from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
 from gpu_training.diagnostics.lint.single_gpu import one_gpu_per_process
 from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
@@ -135,9 +135,13 @@ class SetupRules:
             self._saved_wrapper(call, scope)
         else:
             refs = self.facts.callees(call) if self.facts.resolver is not None else []
-            for (_, func), summary in zip(refs, self.facts.summaries(call), strict=True):
+            for ref, summary in zip(refs, self.facts.summaries(call), strict=True):
+                func = ref[1]
                 for state in summary.saves_state_of:  # save_model(net): net.state_dict() saved
-                    if (given := passed_at(call, func, state)) is not None:
+                    given = passed_at(call, func, state)
+                    if given is not None and not saved_where_unwrapped(
+                        self.facts, scope, call, ref, state, given
+                    ):
                         self._saved_helper_state(given, summary.where, scope)
                 index = summary.saves_argument  # save_checkpoint({...}, filename)
                 if index is not None and (given := passed_at(call, func, index)) is not None:
