@@ -8,7 +8,6 @@ depends on a time: the clock is replaced.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bench_scripts import load_benchmark
 from dist_harness import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "benchmarks" / "bench_checkpoint_bandwidth.py"
@@ -23,11 +23,7 @@ SCRIPT = REPO_ROOT / "benchmarks" / "bench_checkpoint_bandwidth.py"
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_checkpoint_bandwidth", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_checkpoint_bandwidth")
 
 
 def test_the_read_baseline_is_the_median_of_cold_reads(

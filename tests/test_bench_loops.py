@@ -6,27 +6,20 @@ on records written here.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
+from bench_scripts import load_benchmark
 from dist_harness import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "benchmarks" / "bench_loops.py"
 
 
 def _load() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))  # it imports bench_trainer beside it
-    spec = importlib.util.spec_from_file_location("bench_loops", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_loops"] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_loops")  # it imports bench_trainer beside it
 
 
 @pytest.mark.parametrize(

@@ -6,27 +6,21 @@ never the goals: no test depends on absolute times.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from bench_scripts import load_benchmark
 from dist_harness import REPO_ROOT, run_python
 
 SCRIPT = REPO_ROOT / "benchmarks" / "bench_trainer.py"
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_trainer", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_trainer"] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_trainer")
 
 
 def test_step_clock_excludes_warmup_and_later_calls() -> None:

@@ -3,26 +3,19 @@ on a git repository made here (no fetched code)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from bench_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def exporter():
-    spec = importlib.util.spec_from_file_location(
-        "lint_export", ROOT / "benchmarks" / "lint_export.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["lint_export"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lint_export")
 
 
 def _git(cwd: Path, *args: str) -> str:

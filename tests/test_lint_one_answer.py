@@ -9,12 +9,12 @@ here, of a pattern seen in a public repository where the answers differed before
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from bench_scripts import load_benchmark
 from gpu_training.diagnostics.lint.report import collect_files, lint_paths
 
 # --- the repositories ----------------------------------------------------------------------------
@@ -168,12 +168,7 @@ def test_test_trees_are_not_context_unless_asked(tmp_path: Path) -> None:
 
 
 def _one_answer_script() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lint_one_answer.py"
-    spec = importlib.util.spec_from_file_location("lint_one_answer", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lint_one_answer")
 
 
 def test_the_benchmark_finds_a_file_that_answers_differently(

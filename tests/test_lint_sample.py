@@ -4,26 +4,19 @@ and the committed sample drawn again from the committed population."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from bench_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def sample():
-    spec = importlib.util.spec_from_file_location(
-        "lint_sample", ROOT / "benchmarks" / "lint_sample.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["lint_sample"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lint_sample")
 
 
 def _row(line: int, rule: str, verdict: str, defect: str, category: str = "") -> dict[str, str]:

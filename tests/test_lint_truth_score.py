@@ -3,25 +3,19 @@ checkout written here (no fetched code)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from bench_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def scorer():
-    spec = importlib.util.spec_from_file_location(
-        "lint_truth_score", ROOT / "benchmarks" / "lint_truth_score.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["lint_truth_score"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lint_truth_score")
 
 
 SCRIPT = """import torch
@@ -185,9 +179,7 @@ def test_an_extra_row_at_the_very_line_wins_over_a_truth_row_nearby(scorer):
 
 
 def test_pool_sums_the_sets_per_rule_and_refuses_what_is_not_a_result(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("lint_pool", ROOT / "benchmarks" / "lint_pool.py")
-    pool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pool)
+    pool = load_benchmark("lint_pool")
     a, b, bad = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "bad.json"
     counts = {"findings": 4, "true": 1, "false": 3, "found": 1, "missed": 3}
     a.write_text(json.dumps({"per_rule": {"GT007": counts, "GT015": counts}}))
