@@ -217,8 +217,29 @@ def _imports(facts: ModuleFacts, *packages: str) -> bool:
 
 def _sharded(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     """A model sharded by FSDP (:func:`~gpu_training.diagnostics.lint.sharded_models.sharded_model`):
-    its forward all-gathers."""
-    return sharded_model(expr, scope, facts)
+    its forward all-gathers; not inside ``with FSDP.summon_full_params(model):``, where its
+    parameters are whole already (the gather is the context's, reported at the ``with``)."""
+    return sharded_model(expr, scope, facts) and not _summoned(expr, scope, facts)
+
+
+def _summoned(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
+    key = dotted(expr)
+    line = getattr(expr, "lineno", 0)
+    for node in facts.scope_nodes.get(scope.node, []):
+        if not isinstance(node, ast.With) or not node.lineno <= line <= (node.end_lineno or 0):
+            continue
+        for item in node.items:
+            call = item.context_expr
+            if not (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "summon_full_params"
+            ):
+                continue
+            summoned = {dotted(call.func.value), *(dotted(a) for a in call.args[:1])}
+            if key in summoned and any(expr is n for s in node.body for n in ast.walk(s)):
+                return True
+    return False
 
 
 def _is_toolkit(name: str, facts: ModuleFacts) -> bool:

@@ -17,6 +17,9 @@ when the code says so in one of these ways:
   wrapper auto-wraps its layers (an ``auto_wrap_policy``, or Accelerate's FSDP, which wraps
   the transformer layers by default): the inner layers are FSDP units still, and their
   ``state_dict()`` hooks and forwards gather too.
+* a parameter of a function of the file every call of which passes a sharded model there
+  (``save_checkpoint(model, ...)`` after ``model = FSDP(...)``): the helper's
+  ``model.state_dict()`` gathers the shards as the caller's would.
 
 Which distributed type a repository's Accelerate configs use (:func:`accelerate_sharding`)
 also decides whether Accelerate's ``load_state`` is a collective (it is under FSDP and
@@ -47,6 +50,7 @@ from collections.abc import Iterator
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
+from gpu_training.diagnostics.lint.state_saves import passed_at
 
 __all__ = [
     "accelerate_sharding",
@@ -228,6 +232,8 @@ def sharded_model(expr: ast.expr, scope: Scope, facts: ModuleFacts, depth: int =
         return True
     if isinstance(expr, ast.Attribute) and expr.attr == "module":
         return _auto_wrapped(expr.value, scope, facts, depth)
+    if isinstance(expr, ast.Name) and _passed_sharded(expr.id, scope, facts, depth):
+        return True
     for value in facts.lookup_all(key, scope):
         if value is None or value is expr:
             continue
@@ -235,6 +241,27 @@ def sharded_model(expr: ast.expr, scope: Scope, facts: ModuleFacts, depth: int =
         if inner is not None and _auto_wrapped(inner, scope, facts, depth):
             return True
     return False
+
+
+def _passed_sharded(name: str, scope: Scope, facts: ModuleFacts, depth: int) -> bool:
+    """``name`` is a parameter of the function, never rebound in it, and every call of the
+    function in this file passes a sharded model there (at least one call)."""
+    func = scope.node
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    if name not in params or any(v is not None for v in facts.lookup_all(name, scope)):
+        return False
+    skip = 1 if params[0] in ("self", "cls") else 0
+    position = params.index(name) - skip
+    sites = facts.calls_of(func)
+    if position < 0 or not sites:
+        return False
+    for call, caller in sites:
+        given = passed_at(call, func, position)
+        if given is None or not sharded_model(given, caller, facts, depth + 1):
+            return False
+    return True
 
 
 def _unwrapped(value: ast.expr) -> ast.expr | None:
