@@ -371,17 +371,21 @@ _FSDP_CONTEXTS = frozenset(
 
 def _fsdp_context_models(facts: ModuleFacts) -> frozenset[tuple[int, str]]:
     """Each ``(scope, name)`` whose name is the model argument of an FSDP class method called
-    in that scope (``FSDP.state_dict_type(model, ...)``): a model FSDP shards."""
+    in that scope (``FSDP.state_dict_type(model, ...)``, or the same name imported from
+    ``torch.distributed.fsdp``): a model FSDP shards."""
     cached = facts.memo.get("fsdp-context-models")
     if isinstance(cached, frozenset):
         return cached
     found: set[tuple[int, str]] = set()
     for call in facts.calls:
         func = call.func
-        if not (isinstance(func, ast.Attribute) and func.attr in _FSDP_CONTEXTS and call.args):
+        if isinstance(func, ast.Name) and call.args:  # `from torch.distributed.fsdp import ...`
+            imported = facts.imports.resolve(func.id) or ""
+            if not (imported.startswith("torch.distributed.fsdp.") and func.id in _FSDP_CONTEXTS):
+                continue
+        elif not (isinstance(func, ast.Attribute) and func.attr in _FSDP_CONTEXTS and call.args):
             continue
-        owner = facts.imports.resolve(dotted(func.value))
-        if tail(owner) not in _FSDP_CALLS:
+        elif tail(facts.imports.resolve(dotted(func.value))) not in _FSDP_CALLS:
             continue  # model.summon_full_params(): the receiver, not the argument
         name = dotted(call.args[0])
         if name is not None:
