@@ -25,9 +25,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Collection
 
-from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg
+from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, tail
 
-__all__ = ["downloaded_to", "saved_to"]
+__all__ = ["download_target", "downloaded_to", "saved_to"]
 
 _SAVERS = frozenset({"save", "dump"})
 _PATH_KEYWORDS = ("f", "file", "path", "filename", "fname")
@@ -51,6 +51,25 @@ def downloaded_to(call: ast.Call) -> ast.expr | None:
         if given is not None:
             return given
     return call.args[0] if call.args else call.func
+
+
+def download_target(call: ast.Call, name: str) -> tuple[ast.expr, str] | None:
+    """What a download call writes, and how to say it: ``CIFAR10(root, download=True)`` (see
+    :func:`downloaded_to`), or ``wandb.restore(name, run_path=...)``, which fetches a run's file
+    into the working (or run) directory when it is missing there, or always with
+    ``replace=True``: every process that calls it writes the same file.
+
+    Args:
+        call: Any call.
+        name: Its qualified callee name.
+    """
+    if name == "wandb.restore":
+        restored = call_arg(call, 0, "name")
+        return (restored, "wandb.restore (downloads)") if restored is not None else None
+    root = downloaded_to(call)
+    if root is None:
+        return None
+    return root, f"{tail(name)}(download=True)"
 
 
 def saved_to(call: ast.Call, name: str, imported: Collection[str]) -> ast.expr | None:

@@ -42,7 +42,7 @@ from gpu_training.diagnostics.lint.early_ranks import rank_read_before_group
 from gpu_training.diagnostics.lint.frameworks import fabric_launch
 from gpu_training.diagnostics.lint.guards import mentions_main_or_rank, rank_derived
 from gpu_training.diagnostics.lint.handles import appended_by_rank0_only, one_literal_path
-from gpu_training.diagnostics.lint.library_writes import downloaded_to, saved_to
+from gpu_training.diagnostics.lint.library_writes import download_target, saved_to
 from gpu_training.diagnostics.lint.log_files import truncated_log_file
 from gpu_training.diagnostics.lint.lr_assignments import rank_dependent_assignments
 from gpu_training.diagnostics.lint.model import (
@@ -465,8 +465,8 @@ def every_rank_write(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | 
         path, what = (given if given is not None else call.func.value), method
     elif (copied := copied_to(call, facts)) is not None:  # shutil.copy(src, dst): dst written
         path, what = copied, name
-    elif (root := downloaded_to(call)) is not None:  # CIFAR10(root, download=True)
-        path, what = root, f"{last}(download=True)"
+    elif (download := download_target(call, name)) is not None:  # CIFAR10(download=True)
+        path, what = download
     elif (saved := saved_to(call, name, facts.imports.names)) is not None:
         path, what = saved, name  # OmegaConf.save(cfg, path)
     if path is None or _caller_decides(path, scope, facts):
