@@ -124,3 +124,18 @@ def test_a_file_that_is_no_triage_table_is_one_line_and_exit_2(sample, tmp_path,
     assert sample.main(["score", str(table)]) == 2
     assert "not a triage table" in capsys.readouterr().err
     assert sample.main(["score", str(tmp_path / "missing.csv")]) == 2
+
+
+def test_the_fifth_sample_is_drawn_from_round_27s_findings_past_the_first_four(sample) -> None:
+    bench = ROOT / "benchmarks"
+    findings = json.loads((bench / "lint_ddpsample5_population.json").read_text())
+    read: set = set()
+    for n in ("", "2", "3", "4"):
+        with (bench / f"lint_ddpsample{n}_triage.csv").open(newline="") as handle:
+            read |= {sample._key(r) for r in csv.DictReader(handle)}
+    drawn = sample.draw(findings, 48, 20261211, frozenset(read))
+    with (bench / "lint_ddpsample5_triage.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted(d[:4] for d in drawn) == sorted(sample._key(r) for r in rows)
+    assert {r["verdict"] for r in rows} <= {"true", "false"}
+    assert {r["defect"] for r in rows} <= {"yes", "no"}
