@@ -50,7 +50,6 @@ from gpu_training.diagnostics.lint.locality import (
 )
 from gpu_training.diagnostics.lint.model import (
     RANK_ATTRS,
-    RANK_CALLS,
     ModuleFacts,
     Scope,
     call_name,
@@ -58,6 +57,7 @@ from gpu_training.diagnostics.lint.model import (
     mentions_rank,
 )
 from gpu_training.diagnostics.lint.node_flags import value_scope
+from gpu_training.diagnostics.lint.rank_calls import rank_call
 from gpu_training.diagnostics.lint.rank_flags import switched_off_elsewhere
 from gpu_training.diagnostics.lint.switches import MULTI, SINGLE, switch_test, world_size_test
 
@@ -191,8 +191,9 @@ def _classify_call(facts: ModuleFacts, call: ast.Call) -> str | None:
         if all(s.single for s in summaries):
             return _SINGLE  # `def is_running_serially(rank): return rank == -1`
         return None
-    last = _tail(call_name(call, facts.imports))
-    if last in RANK_CALLS:
+    name = call_name(call, facts.imports)
+    last = _tail(name)
+    if rank_call(name):
         return GUARD_NOT_RANK0
     if FLAG_NAMES.match(last.lower()):
         return GUARD_RANK0
@@ -490,7 +491,10 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
         return rank_derived(facts, expr.value, scope, depth + 1)
     if isinstance(expr, ast.Call):
         last = _tail(call_name(expr, facts.imports))
-        if last in RANK_CALLS or call_name(expr, facts.imports) in CURRENT_DEVICE:
+        if (
+            rank_call(call_name(expr, facts.imports))
+            or call_name(expr, facts.imports) in CURRENT_DEVICE
+        ):
             return True  # the GPU a process was pinned to: its local rank
         summaries = facts.summaries(expr)
         if summaries:

@@ -23,7 +23,6 @@ import re
 from gpu_training.diagnostics.lint.group_rank import group_rank_keys, spawn_index_keys
 from gpu_training.diagnostics.lint.model import (
     RANK_ATTRS,
-    RANK_CALLS,
     ModuleFacts,
     Scope,
     call_name,
@@ -31,6 +30,7 @@ from gpu_training.diagnostics.lint.model import (
 )
 from gpu_training.diagnostics.lint.node_flags import switch_locality
 from gpu_training.diagnostics.lint.passed_locality import passed_locality
+from gpu_training.diagnostics.lint.rank_calls import rank_call
 
 __all__ = ["CURRENT_DEVICE", "FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
 
@@ -124,14 +124,19 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             kinds = {("local" if s.local else "global") for s in summaries if s.rank0}
             kinds |= {s.rank_value for s in summaries if s.rank_value}
             return "global" if "global" in kinds else ("local" if kinds else None)
-        last = _tail(call_name(node, facts.imports))
+        name = call_name(node, facts.imports)
+        last = _tail(name)
         if last == "get_local_rank" and (node.args or node.keywords):
             return "global"  # `gpc.get_local_rank(ParallelMode.DATA)`: the rank in that group
-        if last in _LOCAL_CALLS or call_name(node, facts.imports) in CURRENT_DEVICE:
-            return "local"
+        if (
+            last in _LOCAL_CALLS
+            or name in CURRENT_DEVICE
+            or (rank_call(name) and last == "local_rank")
+        ):
+            return "local"  # ... or Horovod's `hvd.local_rank()`
         if last == "get_rank" and (node.args or any(k.arg == "group" for k in node.keywords)):
             return "local"  # `dist.get_rank(group=_LOCAL_PROCESS_GROUP)`: a rank in a subgroup
-        return "global" if last in RANK_CALLS else None
+        return "global" if rank_call(name) else None
     key_index = node.slice if isinstance(node, ast.Subscript) else None
     if isinstance(key_index, ast.Constant) and isinstance(key_index.value, str):
         name = key_index.value.lower()  # `config["local_rank"]`

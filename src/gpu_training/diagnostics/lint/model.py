@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from gpu_training.diagnostics.lint.answers import answers
 from gpu_training.diagnostics.lint.kind_calls import CALL_KINDS as _CALL_KINDS
 from gpu_training.diagnostics.lint.kind_calls import PASSTHROUGH_METHODS as _PASSTHROUGH_METHODS
+from gpu_training.diagnostics.lint.rank_calls import RANK_CALLS, rank_call
 
 if TYPE_CHECKING:
     from gpu_training.diagnostics.lint.summary import FuncRef, Resolver, Summary
@@ -49,7 +50,6 @@ _Pos = tuple[int, int]
 
 RANK_ATTRS = frozenset({"process_index", "local_process_index"})  # Accelerate's ranks
 _RANK_ENV = frozenset({"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "PMI_RANK"})
-RANK_CALLS = frozenset({"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank"})
 
 
 def dotted(expr: ast.AST) -> str | None:
@@ -570,7 +570,7 @@ def mentions_rank(expr: ast.AST, imports: Imports) -> bool:
             if "rank" in last or last in RANK_ATTRS:
                 return True
         elif isinstance(node, ast.Call):
-            if _tail(call_name(node, imports)) in RANK_CALLS:
+            if rank_call(call_name(node, imports)):
                 return True
         elif (
             isinstance(node, ast.Constant)
