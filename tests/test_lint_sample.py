@@ -103,15 +103,26 @@ def test_the_third_sample_is_the_command_line_draw_past_both(sample, tmp_path) -
     assert not set(drawn) & earlier
 
 
-def test_the_fourth_sample_is_the_draw_past_the_first_three(sample) -> None:
+@pytest.mark.parametrize(
+    ("table", "population", "n", "seed", "earlier"),
+    [
+        ("4", "lint_ddpsample2_population.json", 60, 20261210, ("", "2", "3")),
+        # the fifth: drawn from round 27's findings (a40d459), past the first four
+        ("5", "lint_ddpsample5_population.json", 48, 20261211, ("", "2", "3", "4")),
+    ],
+    ids=["fourth", "fifth"],
+)
+def test_a_later_sample_is_the_seeded_draw_past_the_earlier_ones(
+    sample, table, population, n, seed, earlier
+) -> None:
     bench = ROOT / "benchmarks"
-    findings = json.loads((bench / "lint_ddpsample2_population.json").read_text())
+    findings = json.loads((bench / population).read_text())
     read: set = set()
-    for n in ("", "2", "3"):
-        with (bench / f"lint_ddpsample{n}_triage.csv").open(newline="") as handle:
+    for k in earlier:
+        with (bench / f"lint_ddpsample{k}_triage.csv").open(newline="") as handle:
             read |= {sample._key(r) for r in csv.DictReader(handle)}
-    drawn = sample.draw(findings, 60, 20261210, frozenset(read))
-    with (bench / "lint_ddpsample4_triage.csv").open(newline="") as handle:
+    drawn = sample.draw(findings, n, seed, frozenset(read))
+    with (bench / f"lint_ddpsample{table}_triage.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert sorted(d[:4] for d in drawn) == sorted(sample._key(r) for r in rows)
     assert {r["verdict"] for r in rows} <= {"true", "false"}
@@ -124,18 +135,3 @@ def test_a_file_that_is_no_triage_table_is_one_line_and_exit_2(sample, tmp_path,
     assert sample.main(["score", str(table)]) == 2
     assert "not a triage table" in capsys.readouterr().err
     assert sample.main(["score", str(tmp_path / "missing.csv")]) == 2
-
-
-def test_the_fifth_sample_is_drawn_from_round_27s_findings_past_the_first_four(sample) -> None:
-    bench = ROOT / "benchmarks"
-    findings = json.loads((bench / "lint_ddpsample5_population.json").read_text())
-    read: set = set()
-    for n in ("", "2", "3", "4"):
-        with (bench / f"lint_ddpsample{n}_triage.csv").open(newline="") as handle:
-            read |= {sample._key(r) for r in csv.DictReader(handle)}
-    drawn = sample.draw(findings, 48, 20261211, frozenset(read))
-    with (bench / "lint_ddpsample5_triage.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    assert sorted(d[:4] for d in drawn) == sorted(sample._key(r) for r in rows)
-    assert {r["verdict"] for r in rows} <= {"true", "false"}
-    assert {r["defect"] for r in rows} <= {"yes", "no"}

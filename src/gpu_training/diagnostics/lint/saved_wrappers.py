@@ -40,7 +40,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from gpu_training.diagnostics.lint.calls import node_start
+from gpu_training.diagnostics.lint.calls import node_start, parameter_index
 from gpu_training.diagnostics.lint.implied import contradict, known, unchanged
 from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -214,9 +214,9 @@ def saved_where_unwrapped(
     ]
     if not wraps or not saves or any(w.lineno > call.lineno for w in wraps):
         return False
-    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-    skip = 1 if params and params[0] in ("self", "cls") else 0
-    passed = {name: passed_at(call, func, i - skip) for i, name in enumerate(params) if i >= skip}
+    names = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    indices = {name: parameter_index(func, name) for name in names}
+    passed = {name: passed_at(call, func, i) for name, i in indices.items() if i >= 0}
     for save in saves:
         said: frozenset[tuple[str, bool]] = frozenset()
         for test, holds in _branch_sides(owner, inner, save):

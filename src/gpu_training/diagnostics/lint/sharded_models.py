@@ -47,7 +47,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from gpu_training.diagnostics.lint.calls import keyword_arg, tail
+from gpu_training.diagnostics.lint.calls import keyword_arg, parameter_index, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 from gpu_training.diagnostics.lint.state_saves import passed_at
@@ -249,13 +249,11 @@ def _passed_sharded(name: str, scope: Scope, facts: ModuleFacts, depth: int) -> 
     func = scope.node
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
-    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-    if name not in params or any(v is not None for v in facts.lookup_all(name, scope)):
+    position = parameter_index(func, name)
+    if position < 0 or any(v is not None for v in facts.lookup_all(name, scope)):
         return False
-    skip = 1 if params[0] in ("self", "cls") else 0
-    position = params.index(name) - skip
     sites = facts.calls_of(func)
-    if position < 0 or not sites:
+    if not sites:
         return False
     for call, caller in sites:
         given = passed_at(call, func, position)
