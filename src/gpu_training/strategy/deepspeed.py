@@ -35,6 +35,7 @@ from torch import nn
 from gpu_training.amp import GradNorm, resolve_precision
 from gpu_training.config import ConfigError, TrainingConfig, read_config_file
 from gpu_training.ddp import DistributedContext
+from gpu_training.process_group import destroy_with_group
 from gpu_training.strategy.spec import OFFLOAD_MODES, StrategyError, did_you_mean
 from gpu_training.strategy.wrap import StepFns
 
@@ -558,6 +559,7 @@ def deepspeed_initialize(
             lr_scheduler=lr_scheduler,
             config=dict(config),
         )
+    destroy_with_group(engine)  # its hooks' cycle would keep the groups alive at exit
     return engine, ds_optimizer
 
 
