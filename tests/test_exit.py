@@ -52,6 +52,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gpu_training.ddp import cleanup_distributed, init_distributed
 
 ctx = init_distributed()
+import gpu_training.watchdog
+gpu_training.watchdog._side_group = torch.distributed.new_group(backend="gloo")  # as under NCCL
 torch.manual_seed(0)
 model = DDP(nn.Linear(8, 2))
 for _ in range(3):

@@ -83,7 +83,8 @@ def _release_references() -> None:
       threads, alive after ``destroy_process_group()``. None means "the default group" to all
       of them, so this also stops them pointing at a destroyed group after a re-init.
     - Module globals: DeepSpeed's ``deepspeed.utils.groups._WORLD_GROUP``, its clone of the
-      world group, made again on its next use; ZeRO-3's stack of the modules in forward
+      world group, and the watchdog's gloo side group (under NCCL), each made again on its
+      next use; ZeRO-3's stack of the modules in forward
       (``FWD_MODULE_STACK``), where the root module, and through its hooks the engine, stays
       after every forward.
     - DTensor's caches (FSDP2, tensor parallelism): ``functools`` caches keyed or valued by a
@@ -92,7 +93,8 @@ def _release_references() -> None:
       holds its groups. Cleared: a cache refills on its next use.
     """
     for name, module in list(sys.modules.items()):
-        if not name.startswith(_HOLDERS):
+        ours = name.startswith("gpu_training.")  # the watchdog's gloo side group under NCCL
+        if not (ours or name.startswith(_HOLDERS)):
             continue
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):  # sys.modules may hold stand-in objects
@@ -101,6 +103,8 @@ def _release_references() -> None:
             # type() checks only: some module attributes warn on any attribute access.
             if issubclass(type(obj), dist.ProcessGroup):
                 namespace[key] = None
+                continue
+            if ours:
                 continue
             if issubclass(type(obj), type) and vars(obj).get("__module__") == name:
                 members = [
