@@ -40,7 +40,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from gpu_training.diagnostics.lint.calls import node_start, parameter_index
+from gpu_training.diagnostics.lint.calls import node_start, parameter_index, parents
 from gpu_training.diagnostics.lint.implied import contradict, known, unchanged
 from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -83,8 +83,35 @@ def is_ddp_wrapper(facts: ModuleFacts, expr: ast.expr, scope: Scope, depth: int 
         return False
     return any(
         v is not None and facts.kinds(v, scope) & _WRAPPER_KINDS
-        for v in facts.lookup_all(key, scope)
+        for v in _reaching(facts, expr, scope)
     )
+
+
+def _reaching(facts: ModuleFacts, name: ast.Name, scope: Scope) -> list[ast.expr | None]:
+    """Every value the function binds to ``name`` (any branch), less those bound after the
+    read with no loop around both: ``torch.save(model.state_dict(), p)`` and only then
+    ``model = DDP(model)`` saves the plain model. A name the function does not bind itself
+    keeps every binding (another call may have run them)."""
+    entries = scope.bindings.get(name.id)
+    if not entries:
+        return facts.lookup_all(name.id, scope)
+    read = node_start(name)
+    held = parents(facts)
+    loops = []
+    node: ast.AST | None = held.get(id(name))
+    while node is not None and node is not scope.node:
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            loops.append(node)
+        node = held.get(id(node))
+    return [
+        value
+        for at, value in entries
+        if at <= read or any(node_start(loop) <= at <= _end(loop) for loop in loops)
+    ]
+
+
+def _end(node: ast.AST) -> tuple[int, int]:
+    return (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
 
 
 def _unwrapped_by_branch(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:
