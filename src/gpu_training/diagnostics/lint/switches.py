@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 import bisect
 
-from gpu_training.diagnostics.lint.calls import node_start, tail
+from gpu_training.diagnostics.lint.calls import node_start, parents, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 
 __all__ = ["MULTI", "SINGLE", "switch_test", "world_size_test"]
@@ -279,7 +279,11 @@ def _index(facts: ModuleFacts) -> _Index:
         return cached
     facts.memo["switches"] = {}  # asked again while it is built (through a callee): nothing
     # one pass: the set-up calls by position, then each `if` looks its branches up by range
-    setups = sorted(node_start(c) for c in facts.calls if _sets_up(facts, c))
+    calls = [c for c in facts.calls if _sets_up(facts, c)]
+    setups = sorted(node_start(c) for c in calls)
+    # a call of the project's that sets up the group only under `if flag:` does not on the
+    # side where that flag is off (`if flag: mp.spawn(train, ...) else: train(0, 1, cfg)`)
+    under = {node_start(c): _only_under(facts, c) for c in calls}
     index: _Index = {}
     rest = _rest_after(facts) if setups else {}
     for node in facts.nodes if setups else []:
@@ -291,9 +295,10 @@ def _index(facts: ModuleFacts) -> _Index:
         key, value, positive = read
         group, alone, tested = index.setdefault(key, (set(), set(), set()))
         tested.add(value)
+        off = [at for at in setups if key not in under[at]] if value == "True" else setups
         body, orelse = (
-            _holds(setups, node.body),
-            _holds(setups, node.orelse or rest.get(id(node), [])),
+            _holds(setups if positive else off, node.body),
+            _holds(off if positive else setups, node.orelse or rest.get(id(node), [])),
         )
         if body != orelse:
             (group if body == positive else alone).add(value)
@@ -323,6 +328,38 @@ def _function_creates(facts: ModuleFacts, func: ast.AST) -> bool:
     )
     facts.memo[key] = found
     return found
+
+
+def _only_under(facts: ModuleFacts, call: ast.Call) -> frozenset[str]:
+    """The flags under every one of whose ``if flag:`` bodies each function ``call`` may run
+    creates the group itself (``init_process_group`` in its own body); empty for a direct
+    set-up call or one that creates the group any other way."""
+    if tail(call_name(call, facts.imports)) in _GROUP_INITS:
+        return frozenset()
+    found: frozenset[str] | None = None
+    for owner, func in facts.callees(call):
+        for node in owner.scope_nodes.get(func, []):
+            if not (isinstance(node, ast.Call) and _sets_up(owner, node)):
+                continue
+            if tail(call_name(node, owner.imports)) not in _GROUP_INITS:
+                return frozenset()  # through another function: not read here
+            flags = _enclosing_flags(owner, node, func)
+            found = flags if found is None else found & flags
+    return found or frozenset()
+
+
+def _enclosing_flags(facts: ModuleFacts, node: ast.AST, func: ast.AST) -> frozenset[str]:
+    """The bare flags (``if flag:``) whose bodies hold ``node`` inside ``func``."""
+    held = parents(facts)
+    flags: set[str] = set()
+    child, parent = node, held.get(id(node))
+    while parent is not None and parent is not func:
+        if isinstance(parent, ast.If) and any(child is s for s in parent.body):
+            read = _read(parent.test)
+            if read is not None and read[1:] == ("True", True):
+                flags.add(read[0])
+        child, parent = parent, held.get(id(parent))
+    return frozenset(flags)
 
 
 def _holds(setups: list[tuple[int, int]], stmts: list[ast.stmt]) -> bool:
