@@ -55,7 +55,7 @@ from gpu_training.diagnostics.lint.single_gpu import one_gpu_per_process
 from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
 from gpu_training.diagnostics.lint.splatted import splatted_keywords
 from gpu_training.diagnostics.lint.state_saves import passed_at, state_dict_calls
-from gpu_training.diagnostics.lint.unread import never_read
+from gpu_training.diagnostics.lint.unread import places_nothing
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 
@@ -152,7 +152,7 @@ class SetupRules:
         if self.distributed and not one_process:  # a one-process path picks its own GPU
             # one process per machine, or one visible GPU (one process): its cuda:0
             if not (literal_group_rank(self.facts) or one_gpu_per_process(self.facts)):
-                self._cuda_device(call, last, method)
+                self._cuda_device(call, last, method, scope)
             self._device_from_rank(call, name, last, method, scope)
 
     def _evaluates_only(self) -> bool:
@@ -344,14 +344,14 @@ class SetupRules:
 
     # --- devices --------------------------------------------------------------------------
 
-    def _cuda_device(self, call: ast.Call, last: str, method: str | None) -> None:
+    def _cuda_device(self, call: ast.Call, last: str, method: str | None, scope: Scope) -> None:
         if method == "cuda" and not call.args and not call.keywords:
             self.default_cuda.append((call, ".cuda()"))
         candidates: list[ast.expr] = []
         if last == "device" and len(call.args) == 2 and not isinstance(call.args[1], ast.Constant):
             return  # torch.device("cuda", local_rank): an index per rank, as set_device gives
         target = self._assign_target(call) if last == "device" else None
-        if target is not None and never_read(self.facts, target):
+        if target is not None and places_nothing(self.facts, target, scope):
             return  # `self.device = torch.device("cuda:0")` that no line reads places nothing
         if (method or last) in ("device", "to", "load", "cuda"):
             for arg in call.args:  # `torch.device("cuda" if torch.cuda.is_available() else "cpu")`
