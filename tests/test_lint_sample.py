@@ -109,8 +109,9 @@ def test_the_third_sample_is_the_command_line_draw_past_both(sample, tmp_path) -
         ("4", "lint_ddpsample2_population.json", 60, 20261210, ("", "2", "3")),
         # the fifth: drawn from round 27's findings (a40d459), past the first four
         ("5", "lint_ddpsample5_population.json", 48, 20261211, ("", "2", "3", "4")),
+        ("6", "lint_ddpsample6_population.json", 48, 20261212, ("", "2", "3", "4", "5")),
     ],
-    ids=["fourth", "fifth"],
+    ids=["fourth", "fifth", "sixth"],
 )
 def test_a_later_sample_is_the_seeded_draw_past_the_earlier_ones(
     sample, table, population, n, seed, earlier
