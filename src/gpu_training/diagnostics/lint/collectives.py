@@ -122,6 +122,13 @@ def direct_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str |
         return f"dcp.{last}"
     if last == "summon_full_params":  # FSDP's context that all-gathers every parameter
         return "FSDP summon_full_params (all-gather)"
+    if (
+        last == "DistributedDataParallel"
+        and name.startswith("torch.nn.parallel")
+        and keyword_arg(call, "process_group") is None
+        and keyword_arg(call, "device_mesh") is None
+    ):  # its constructor checks the parameters' shapes across ranks and broadcasts rank 0's
+        return "DistributedDataParallel() (broadcasts rank 0's parameters)"
     if method in _CKPT_COLLECTIVE_METHODS:
         assert isinstance(call.func, ast.Attribute)
         if "ckpt_manager" in facts.kinds(call.func.value, scope):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 from typing import NamedTuple
 
+from gpu_training.diagnostics.lint.branch_optimizers import built_in_branch
 from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, tail
 from gpu_training.diagnostics.lint.collectives import (
     DIST_SETUP_CALLS,
@@ -395,6 +396,8 @@ def rank_dependent_update(call: ast.Call, scope: Scope, facts: ModuleFacts) -> s
     kinds = facts.kinds(receiver, scope)
     label = tail(dotted(receiver)).lower()
     if is_pipeline_schedule(receiver, facts):  # a pipeline step, every stage its own part
+        return None
+    if built_in_branch(facts, call, scope):  # the other ranks hold no replica to diverge
         return None
     if kinds & {"scheduler", "optimizer", "scaler", "amp_stepper"} or any(
         word in label for word in ("sched", "optim", "scaler")
