@@ -223,7 +223,9 @@ _RULE_LIST = [
         buffer): with broadcast_buffers=True, the default, DDP broadcasts them from rank 0 at
         the first forward after a training step, so evaluating the wrapped model on rank 0
         after the epoch's training hangs (evaluate model.module, or pass
-        broadcast_buffers=False). (A helper whose literal argument
+        broadcast_buffers=False), and the DistributedDataParallel constructor itself, which
+        checks the parameters' shapes across the ranks and broadcasts rank 0's (unless given
+        a process_group of its own). (A helper whose literal argument
         turns its barrier off, torch_distributed_zero_first(-1), is not one there.) Without
         TORCH_DISTRIBUTED_DEBUG=DETAIL the job hangs silently until the 30-minute timeout.""",
         """Call the collective on every rank, outside the `if rank == 0` block; keep only the
