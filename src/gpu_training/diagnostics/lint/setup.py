@@ -42,6 +42,7 @@ from gpu_training.diagnostics.lint.group_rank import literal_group_rank
 from gpu_training.diagnostics.lint.helper_loaders import always_none
 from gpu_training.diagnostics.lint.inference import infers_only
 from gpu_training.diagnostics.lint.launcher_branches import in_unlaunched_branch
+from gpu_training.diagnostics.lint.loader_names import mapping_key, unpacked_loader_name
 from gpu_training.diagnostics.lint.loaders import feeds_training, own_loader_class
 from gpu_training.diagnostics.lint.locality import guard_locality
 from gpu_training.diagnostics.lint.lone_callers import called_only_alone
@@ -211,9 +212,9 @@ class SetupRules:
             if ref[0] is not self.facts and self.facts.resolver is not None
         ]
         helper = next((s.where for s in helpers if s.unsharded_loader), None)
-        if helper is None or self._is_eval_loader(call):
+        target = self._assign_target(call) or unpacked_loader_name(self.facts, call)
+        if helper is None or self._is_eval_loader(call) or EVAL_NAME.search(target or ""):
             return
-        target = self._assign_target(call)
         if feeds_training(self.facts, call, scope, target, file_trains=self.trains):
             self.report(call, "GT003", f"{helper} builds its DataLoader with no sampler")
 
@@ -263,7 +264,8 @@ class SetupRules:
 
     def _is_eval_loader(self, call: ast.Call) -> bool:
         dataset = keyword_arg(call, "dataset")
-        names = [dotted(call.args[0]) if call.args else None]
+        data = call.args[0] if call.args else dataset
+        names = [dotted(data) if data is not None else None, mapping_key(self.facts, call, data)]
         names.append(dotted(dataset) if dataset is not None else None)
         parent = self._assign_target(call)
         names.append(parent)
