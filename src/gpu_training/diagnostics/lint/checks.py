@@ -77,7 +77,6 @@ from gpu_training.diagnostics.lint.guards import (
     guard_locality,
     rank_zero_decorator,
     single_process,
-    single_rank,
 )
 from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
@@ -85,6 +84,7 @@ from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.mode_branches import groupless_side
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.node_writes import node_local_write, several_processes
+from gpu_training.diagnostics.lint.one_rank import single_rank
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.rank0_first import rank0_first
 from gpu_training.diagnostics.lint.ranks import (

@@ -71,7 +71,6 @@ __all__ = [
     "rank_derived",
     "rank_zero_decorator",
     "single_process",
-    "single_rank",
 ]
 
 GUARD_RANK0 = "rank0"
@@ -416,32 +415,6 @@ def single_process(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
         True
     """
     return _classify(facts, test, scope, 0) == _SINGLE
-
-
-def single_rank(facts: ModuleFacts, test: ast.expr, scope: Scope) -> bool:
-    """``rank == 1``: a test true on exactly one rank (not 0), as RPC scripts pick roles.
-
-    Example:
-        >>> import ast
-        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
-        >>> facts = ModuleFacts(ast.parse(""))
-        >>> single_rank(facts, ast.parse("rank == 1", mode="eval").body, facts.module_scope)
-        True
-    """
-    if not (
-        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
-    ):
-        return False
-    left, right = test.left, test.comparators[0]
-    if isinstance(left, ast.Constant):
-        left, right = right, left
-    return (
-        isinstance(right, ast.Constant)
-        and isinstance(right.value, int)
-        and not isinstance(right.value, bool)
-        and right.value > 0
-        and rank_derived(facts, left, scope)
-    )
 
 
 def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0) -> bool:
