@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import node_start, parents
+from gpu_training.diagnostics.lint.calls import node_end, node_start, parents
 from gpu_training.diagnostics.lint.guards import (
     GUARD_NOT_RANK0,
     GUARD_RANK0,
@@ -70,8 +70,7 @@ def built_in_branch(facts: ModuleFacts, call: ast.Call, scope: Scope) -> bool:
             and any(child is s for s in node.body)
             and classify_guard(facts, node.test, scope) in _RANK_GUARDS
         ):
-            start, last = node_start(node.body[0]), node.body[-1]
-            end = (getattr(last, "end_lineno", 0) or 0, getattr(last, "end_col_offset", 0) or 0)
+            start, end = node_start(node.body[0]), node_end(node.body[-1])
             return all(start <= at <= end for at, _ in entries)
         child, node = node, held.get(id(node))
     return False

@@ -31,6 +31,7 @@ __all__ = [
     "is_const",
     "is_main_block",
     "keyword_arg",
+    "node_end",
     "node_start",
     "parameter_index",
     "parents",
@@ -95,6 +96,11 @@ def is_const(expr: ast.expr | None, value: object) -> bool:
 def node_start(node: ast.AST) -> tuple[int, int]:
     """Where a node starts: ``(line, col)``, ``col`` 0-based as in :mod:`ast`."""
     return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+
+
+def node_end(node: ast.AST) -> tuple[int, int]:
+    """Where a node ends: ``(line, col)``, as :func:`node_start` (0 when unknown)."""
+    return (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
 
 
 def is_main_block(node: ast.AST) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import node_start, tail
+from gpu_training.diagnostics.lint.calls import node_end, node_start, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name
 
 __all__ = ["infers_only"]
@@ -92,11 +92,6 @@ def infers_only(facts: ModuleFacts, wrapped: ast.Call, scope: Scope) -> bool:
         ):
             return False  # trained, handed on, returned: it may reach a backward
     return bool(uses)
-
-
-def node_end(node: ast.AST) -> tuple[int, int]:
-    """Where a node ends: ``(line, col)``."""
-    return (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
 
 
 def _no_grad(facts: ModuleFacts, node: ast.AST, parents: dict[int, ast.AST]) -> bool:

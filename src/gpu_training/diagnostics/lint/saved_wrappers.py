@@ -40,7 +40,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from gpu_training.diagnostics.lint.calls import node_start, parameter_index, parents
+from gpu_training.diagnostics.lint.calls import node_end, node_start, parameter_index, parents
 from gpu_training.diagnostics.lint.implied import contradict, known, unchanged
 from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -106,12 +106,8 @@ def _reaching(facts: ModuleFacts, name: ast.Name, scope: Scope) -> list[ast.expr
     return [
         value
         for at, value in entries
-        if at <= read or any(node_start(loop) <= at <= _end(loop) for loop in loops)
+        if at <= read or any(node_start(loop) <= at <= node_end(loop) for loop in loops)
     ]
-
-
-def _end(node: ast.AST) -> tuple[int, int]:
-    return (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
 
 
 def _unwrapped_by_branch(facts: ModuleFacts, expr: ast.expr, scope: Scope) -> bool:
