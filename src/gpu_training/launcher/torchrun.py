@@ -15,6 +15,9 @@ restarts); :func:`~gpu_training.launcher.run_torchrun` starts it in place of
   line, ``gpu-training: error: ...``, and exit code 2, as when the launching host finds it;
 * **the run stopped for NaN/Inf steps** (every worker exited 3 at the same step: too many
   non-finite steps in a row): the error's one line and exit code 3;
+* **a multi-node job ended**: the agent hosting the rendezvous store keeps it up until every
+  other agent has left it (:class:`~gpu_training.launcher.rendezvous_store.StoreHold`), so
+  none prints a traceback for an exit barrier or a rendezvous that lost its store;
 * **a worker failed**: torchrun's report (the "Root Cause" rank, its exception and
   traceback) as the last block of the output, exit code 1, without the traceback of
   torchrun's internals above it.
@@ -38,6 +41,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 
+from gpu_training.launcher.rendezvous_store import StoreHold
 from gpu_training.launcher.supervise import (
     EXIT_STOPPED,
     FORWARDED_SIGNALS,
@@ -136,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     owned = os.environ.get(OWNED_LOG_DIR_ENV)
     os.environ[QUIET_ENV] = "1"  # the workers inherit it
+    hold = StoreHold.start(args)  # before torchrun's agent looks for the store's server
     try:
         with _quiet_logging_errors():
             run(args)
@@ -171,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_STOPPED
         raise
     finally:
+        if hold is not None:  # the store is up until every agent has left it
+            hold.release()
         if owned and owned == os.environ.get("PET_LOG_DIR"):
             shutil.rmtree(owned, ignore_errors=True)  # the launcher may have been SIGKILLed
     return 0
