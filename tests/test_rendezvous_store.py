@@ -26,8 +26,9 @@ from gpu_training.launcher.rendezvous_store import StoreHold
 pytestmark = pytest.mark.timeout(180)
 
 WORKER = """\
-import os, time
+import os, sys, time
 time.sleep(float(os.environ.get("WORKER_SLEEP_S", "0")))
+sys.exit(int(os.environ.get("WORKER_EXIT", "0")))
 """
 
 # the agent that does not host the store, slowed down in the two places where it needs it
@@ -65,7 +66,9 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _agent(code: str | None, port: int, worker: Path, sleep_s: float) -> subprocess.Popen[str]:
+def _agent(
+    code: str | None, port: int, worker: Path, sleep_s: float, exit_code: int = 0
+) -> subprocess.Popen[str]:
     flags = [
         "--nnodes=2",
         "--nproc_per_node=1",
@@ -75,7 +78,12 @@ def _agent(code: str | None, port: int, worker: Path, sleep_s: float) -> subproc
         str(worker),
     ]
     program = ["-c", code] if code else ["-m", "gpu_training.launcher.torchrun"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORKER_SLEEP_S": str(sleep_s)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WORKER_SLEEP_S": str(sleep_s),
+        "WORKER_EXIT": str(exit_code),
+    }
     return subprocess.Popen(
         [sys.executable, *program, *flags],
         env=env,
@@ -83,6 +91,13 @@ def _agent(code: str | None, port: int, worker: Path, sleep_s: float) -> subproc
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _host_listening(host: subprocess.Popen[str], port: int) -> None:
+    deadline = time.monotonic() + 60
+    while not _listening(port):  # the first agent hosts the store
+        assert host.poll() is None and time.monotonic() < deadline, host.communicate()[0]
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("host_last", [True, False], ids=["host-last-in", "host-first-in"])
@@ -94,10 +109,7 @@ def test_two_agents_end_without_a_traceback_when_the_other_needs_the_store_late(
     port = _free_port()
     # the host's worker runs 1 s longer (it enters the exit barrier last) or not at all
     host = _agent(None, port, worker, 1.0 if host_last else 0.0)
-    deadline = time.monotonic() + 60
-    while not _listening(port):  # the first agent hosts the store
-        assert host.poll() is None and time.monotonic() < deadline, host.communicate()[0]
-        time.sleep(0.1)
+    _host_listening(host, port)
     other = _agent(textwrap.dedent(SLOWED_AGENT), port, worker, 0.0 if host_last else 1.0)
     outputs = [p.communicate(timeout=150)[0] for p in (host, other)]
     assert [host.returncode, other.returncode] == [0, 0], outputs
@@ -109,6 +121,27 @@ def test_two_agents_end_without_a_traceback_when_the_other_needs_the_store_late(
             "failed to shutdown",
         ):
             assert noise not in output, output
+
+
+def test_a_failed_host_ends_within_seconds_though_another_agent_never_leaves(
+    tmp_path: Path,
+) -> None:
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    port = _free_port()
+    host = _agent(None, port, worker, 0.0, exit_code=1)
+    _host_listening(host, port)
+    other = _agent(None, port, worker, 120.0)  # its worker hangs past the host's failure
+    started = time.monotonic()
+    try:
+        output = host.communicate(timeout=90)[0]
+        took = time.monotonic() - started
+    finally:
+        other.terminate()  # torchrun stops its worker and ends
+        other.communicate(timeout=60)
+    assert host.returncode == 1 and "Root Cause" in output, output  # torchrun's report
+    # it waited for the agent that never leaves a failure's bound, not a good end's 60 s
+    assert took < 45, took
 
 
 def _args(**given: object) -> argparse.Namespace:
@@ -143,7 +176,7 @@ def test_another_agent_counts_the_host_out_and_leaves_even_when_the_host_is_gone
     assert hold is not None and not hold.hosting and hold.others == 2
     started = time.monotonic()
     hold.release()  # nobody listens on port 1: leaving must not fail or hang
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 15
 
 
 def test_the_host_serves_until_the_others_left_and_no_longer_than_its_timeout() -> None:

@@ -18,8 +18,8 @@ in ``tests/test_slurm_cluster.py`` at the normal end of a two-node run).
 * every other agent, once torchrun has returned (its exit barrier passed, its rendezvous
   closed), says so in the store, and the last one marks the job left;
 * the host, once its own torchrun has returned, keeps serving until that mark, at most
-  :data:`LEAVE_TIMEOUT_S` seconds (an agent killed on the way out never leaves), polling, so that a
-  signal is handled at once.
+  :data:`LEAVE_TIMEOUT_S` seconds (an agent killed on the way out never leaves), or
+  :data:`FAILED_LEAVE_TIMEOUT_S` after a failure, polling, so that a signal is handled at once.
 
 Only a fixed node count (``--nnodes=N``, what :mod:`gpu_training.launcher` writes) is held: with
 an elastic range the host cannot know how many agents to wait for, and torchrun's own ending
@@ -37,13 +37,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported when a hold starts, not when the launcher is
     from torch.distributed import Store
 
-__all__ = ["LEAVE_TIMEOUT_S", "StoreHold"]
+__all__ = ["FAILED_LEAVE_TIMEOUT_S", "LEAVE_TIMEOUT_S", "StoreHold"]
 
 LEAVE_TIMEOUT_S = 60.0
-"""Seconds the host serves the store after its own agent ended, waiting for the others."""
+"""Seconds the host serves the store after its own agent ended well (or was stopped by a
+signal: the other agents' workers are saving too), waiting for the others."""
+
+FAILED_LEAVE_TIMEOUT_S = 5.0
+"""The same after a failure: the job ends within seconds even where another agent's workers
+hang in a collective (under ``srun --kill-on-bad-exit`` the host's exit ends them)."""
 
 _C10D_DEFAULT_PORT = 29400  # torch's c10d rendezvous backend's
-_CONNECT_TIMEOUT = timedelta(seconds=5)
+_CONNECT_TIMEOUT = timedelta(seconds=2)
 _POLL_S = 0.05
 
 

@@ -31,6 +31,7 @@ torch is imported when this runs, not when :mod:`gpu_training.launcher` is.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -41,7 +42,11 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 
-from gpu_training.launcher.rendezvous_store import StoreHold
+from gpu_training.launcher.rendezvous_store import (
+    FAILED_LEAVE_TIMEOUT_S,
+    LEAVE_TIMEOUT_S,
+    StoreHold,
+)
 from gpu_training.launcher.supervise import (
     EXIT_STOPPED,
     FORWARDED_SIGNALS,
@@ -132,15 +137,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         0, 143 when a signal stopped the job, 2 when the ranks found bad input, 3 when the
         run stopped for NaN/Inf steps, 1 when a worker failed.
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import parse_args
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_Repeats())
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     owned = os.environ.get(OWNED_LOG_DIR_ENV)
     os.environ[QUIET_ENV] = "1"  # the workers inherit it
     hold = StoreHold.start(args)  # before torchrun's agent looks for the store's server
+    code = 1
+    try:
+        code = _run(args)
+        return code
+    finally:
+        if hold is not None:  # the store is up until every agent has left it
+            # a failed job ends within seconds, even where another agent's workers hang
+            ended_well = code in (0, EXIT_STOPPED)
+            hold.release(LEAVE_TIMEOUT_S if ended_well else FAILED_LEAVE_TIMEOUT_S)
+        if owned and owned == os.environ.get("PET_LOG_DIR"):
+            shutil.rmtree(owned, ignore_errors=True)  # the launcher may have been SIGKILLed
+
+
+def _run(args: argparse.Namespace) -> int:
+    """torchrun's ``run(args)``, its ending made the job's exit code (see :func:`main`)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler
+    from torch.distributed.run import run
+
     try:
         with _quiet_logging_errors():
             run(args)
@@ -175,11 +197,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _from_signal(exc, SignalException):
             return EXIT_STOPPED
         raise
-    finally:
-        if hold is not None:  # the store is up until every agent has left it
-            hold.release()
-        if owned and owned == os.environ.get("PET_LOG_DIR"):
-            shutil.rmtree(owned, ignore_errors=True)  # the launcher may have been SIGKILLed
     return 0
 
 
