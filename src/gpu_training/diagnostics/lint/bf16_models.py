@@ -30,6 +30,7 @@ import ast
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, parents
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
+from gpu_training.diagnostics.lint.peft_dtypes import parameters_owner, peft_wrapped
 
 __all__ = ["bound_name", "conversion", "dtype_of", "scope_dtypes"]
 
@@ -184,8 +185,10 @@ def scope_dtypes(
         return cached
     bf16: dict[str, str] = {}
     fp32: set[str] = set()
+    adapters: set[str] = set()  # trained through fp32 PEFT adapters
     nodes = facts.scope_nodes.get(scope_node, [])
     for call in (n for n in nodes if isinstance(n, ast.Call)):
+        adapters |= peft_wrapped(call, facts, scope_node, bound_name)
         converted = conversion(call, facts)
         if converted is None:
             continue
@@ -193,12 +196,17 @@ def scope_dtypes(
         names_of = {dotted(target), bound_name(call, facts)} - {None}
         if isinstance(target, ast.Call):  # `Net().to(torch.bfloat16)` bound to a name
             names_of = {bound_name(call, facts)} - {None}
+        owner = parameters_owner(target, facts)  # `param.data = param.data.to(bf16)` in a loop
+        if owner is not None:
+            names_of.add(owner)
+            adapters.discard(owner)  # the adapters themselves made bf16 again
         for name in names_of:
             assert name is not None
             if kind == "bfloat16":
                 bf16.setdefault(name, f"line {call.lineno}: {ast.unparse(call)[:60]}")
             else:
                 fp32.add(name)
+    fp32 |= adapters
     if depth < _MAX_DEPTH and facts.resolver is not None:
         for name, evidence in _helper_made(facts, nodes, depth).items():
             bf16.setdefault(name, evidence)

@@ -12,11 +12,15 @@ torch.bfloat16)``, ``model.bfloat16()``, ``from_pretrained(..., torch_dtype=torc
 What counts: the module named by the conversion (the dtype written out or held in a name,
 ``dtype = torch.bfloat16`` ... ``torch_dtype=dtype``) and the first argument of ``Adam``/``AdamW``
 (``model.parameters()``, a list of groups built from it) in the same function, or anywhere in
-the file for ``set_default_dtype``. Not flagged: an optimizer of another package (bitsandbytes,
-``AnyPrecisionAdamW`` with Kahan summation), a file handing the model to DeepSpeed (fp32 master
-weights of its own) or Accelerate's FSDP or DeepSpeed plugin (FSDP upcasts the sharded
-parameters to fp32 under mixed precision; a script that reads its Accelerator's
-``deepspeed_plugin`` or builds ``DummyOptim`` is run under DeepSpeed), a conversion back (``.float()``, ``.to(torch.float32)``) of the module.
+the file for ``set_default_dtype``. The optimizer class may be reached through a name, a
+``functools.partial`` or a conditional expression (``opt_cls = partial(AdamW, ...) if adamw else
+SGD``). Not flagged: an optimizer of another package (bitsandbytes, ``AnyPrecisionAdamW``
+with Kahan summation), a file handing the model to DeepSpeed (fp32 master weights of its own)
+or Accelerate's FSDP or DeepSpeed plugin (FSDP upcasts the sharded parameters to fp32 under
+mixed precision; a script that reads its Accelerator's ``deepspeed_plugin`` or builds
+``DummyOptim`` is run under DeepSpeed, and so is an Accelerator whose repository's every
+multi-process Accelerate config is ``DEEPSPEED``), a conversion back (``.float()``,
+``.to(torch.float32)``) of the module.
 
 Example:
     >>> import ast
@@ -36,7 +40,7 @@ from collections.abc import Iterator
 from gpu_training.diagnostics.lint.bf16_models import conversion, dtype_of, scope_dtypes
 from gpu_training.diagnostics.lint.calls import is_const, keyword_arg, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
-from gpu_training.diagnostics.lint.sharded_models import accelerate_unsharded
+from gpu_training.diagnostics.lint.sharded_models import accelerate_sharding, accelerate_unsharded
 
 __all__ = ["bf16_adam", "conversion", "scalers_with_bf16"]
 
@@ -62,6 +66,37 @@ def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0)
                     if value is not None and value is not expr:
                         found |= _mentioned(value, facts, scope, depth + 1)
     return found
+
+
+def _adam_class(
+    expr: ast.expr, facts: ModuleFacts, scope: Scope, pos: tuple[int, int], depth: int = 0
+) -> str | None:
+    """The ``torch.optim`` Adam/AdamW class a callee may be, or None: the class itself, a name
+    bound to it (``opt_cls = torch.optim.AdamW``), a ``functools.partial`` of it, or either
+    branch of a conditional expression (``partial(AdamW, ...) if args.optim == "adamw" else
+    SGD``: the run that takes that branch steps with Adam)."""
+    if isinstance(expr, ast.IfExp):
+        return _adam_class(expr.body, facts, scope, pos, depth) or _adam_class(
+            expr.orelse, facts, scope, pos, depth
+        )
+    if isinstance(expr, ast.Call):
+        partial = call_name(expr, facts.imports) == "functools.partial"
+        return (
+            _adam_class(expr.args[0], facts, scope, pos, depth) if partial and expr.args else None
+        )
+    key = dotted(expr)
+    name = facts.imports.resolve(key)
+    if key is None or name is None:
+        return None
+    if name.startswith("torch.optim.") and tail(name) in _ADAM:
+        return name
+    if depth < 3 and (isinstance(expr, ast.Name) or key.startswith("self.")):
+        for value in facts.lookup(key, scope, pos):
+            if value is not None and value is not expr:
+                found = _adam_class(value, facts, scope, pos, depth + 1)
+                if found is not None:
+                    return found
+    return None
 
 
 def _reads(expr: ast.expr) -> Iterator[ast.AST]:
@@ -135,6 +170,7 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
         any(n.startswith("deepspeed.") for n in names)
         or any(tail(n) in _UPCASTING_PLUGINS for n in names)
         or _runs_under_deepspeed(facts)
+        or accelerate_sharding(facts) == "deepspeed"  # the repository's Accelerate configs
     ):
         # DeepSpeed keeps fp32 master weights of its own; Accelerate's FSDP upcasts the
         # low-precision parameters it shards to fp32 when mixed precision is on
@@ -151,12 +187,12 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
     )
     found: list[tuple[ast.Call, str]] = []
     for scope_node, nodes in facts.scope_nodes.items():
+        scope = facts.scopes[scope_node]
         adams = [
             (call, name)
             for call in nodes
             if isinstance(call, ast.Call)
-            and (name := call_name(call, facts.imports)).startswith("torch.optim.")
-            and tail(name) in _ADAM
+            and (name := _adam_class(call.func, facts, scope, (call.lineno, call.col_offset)))
         ]
         if not adams:
             continue
@@ -165,7 +201,7 @@ def bf16_adam(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
             params = call.args[0] if call.args else keyword_arg(call, "params")
             if params is None:
                 continue
-            mentioned = _mentioned(params, facts, facts.scopes[scope_node])
+            mentioned = _mentioned(params, facts, scope)
             hit = next((m for m in sorted(bf16) if m in mentioned and m not in fp32), None)
             if hit is not None:
                 found.append(

@@ -382,7 +382,8 @@ _RULE_LIST = [
         optimizer: bf16=True adds autocast and converts nothing. (Not flagged: a DeepSpeed
         script, Accelerate's FSDP or DeepSpeed plugin, which keep or upcast to fp32,
         optimizers of other packages such as bitsandbytes or AnyPrecisionAdamW with Kahan
-        summation, adapters (PEFT) trained over a bf16 base, and a script that runs in one
+        summation, adapters that peft's get_peft_model adds to a bf16 base (they are fp32;
+        diffusers' add_adapter makes them bf16, which is flagged), and a script that runs in one
         process only, with no process group, launcher or framework in sight: the linter
         checks distributed training.)""",
         """Keep the parameters in fp32 and compute in bf16: torch.autocast(device_type="cuda",
