@@ -55,6 +55,37 @@ def test_version_subprocess() -> None:
     assert proc.stdout == f"gpu-training {gpu_training.__version__}\n"
 
 
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (("lint", "--explain", "GT019"), 141),
+        (("lint", "--list-rules"), 141),
+        (("--help",), 0),  # argparse drops a message it cannot write, and exits 0
+    ],
+)
+def test_a_reader_that_left_ends_the_command_quietly(argv: tuple[str, ...], code: int) -> None:
+    # `gpu-training lint --explain GT019 | head -3`: head exits, the next write meets a closed
+    # pipe; a BrokenPipeError traceback went to the terminal
+    import os
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpu_training", *argv],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert proc.stderr == ""
+    assert proc.returncode == code  # 141: SIGPIPE's code, as a shell reports `cat`'s
+
+
 def test_help_lists_subcommands() -> None:
     proc = _gt("--help")
     assert proc.returncode == 0, proc.stderr

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -31,13 +32,24 @@ from typing import NoReturn
 from gpu_training import __version__
 from gpu_training.commands.argtypes import add_set_argument
 
-__all__ = ["EXIT_USAGE", "PROG", "UsageError", "add_set_argument", "build_parser", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_USAGE",
+    "PROG",
+    "UsageError",
+    "add_set_argument",
+    "build_parser",
+    "main",
+]
 
 PROG = "gpu-training"
 """The command's name, as printed in messages."""
 
 EXIT_USAGE = 2
 """The exit code of bad input (a flag, a config field, a file)."""
+
+EXIT_BROKEN_PIPE = 128 + 13
+"""The exit code when the reader of the output went away (SIGPIPE's, as a shell reports it)."""
 
 
 class UsageError(Exception):
@@ -127,3 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(err).split())
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader left (`gpu-training lint --explain GT019 | head`): stop quietly, as `cat`
+        # does, and keep the interpreter's last flush of stdout from failing again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
