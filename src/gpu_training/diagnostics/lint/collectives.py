@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.ddp_buffers import ddp_forward_buffers
+from gpu_training.diagnostics.lint.hf_sharded_saves import trainer_shards
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.sharded_models import (
     accelerate_sharding,
@@ -155,7 +156,11 @@ _FABRIC_COLLECTIVES = frozenset({"save", "load", "all_reduce", "all_gather", "br
 _ENGINE_COLLECTIVES = frozenset({"save_checkpoint", "load_checkpoint"})
 _SHARDED_FORWARD = frozenset({"generate", "forward"})
 _LIBRARY_METHODS = (
-    _ACCELERATE_COLLECTIVES | _FABRIC_COLLECTIVES | _ENGINE_COLLECTIVES | _SHARDED_FORWARD
+    _ACCELERATE_COLLECTIVES
+    | _FABRIC_COLLECTIVES
+    | _ENGINE_COLLECTIVES
+    | _SHARDED_FORWARD
+    | {"save_model"}  # a Hugging Face Trainer's, when it shards (hf_sharded_saves)
 )
 
 
@@ -202,6 +207,8 @@ def _library_collective(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str
                 return f"Trainer.{method}"
         if method in _SHARDED_FORWARD and _sharded(receiver, scope, facts):
             return f"FSDP {method} (all-gathers the shards)"
+        if method == "save_model" and (shards := trainer_shards(receiver, scope, facts)):
+            return f"Trainer.save_model (gathers the weights under {shards})"
         return _ddp_forward(call, scope, facts) if method == "forward" else None
     if isinstance(func, (ast.Name, ast.Attribute)) and _sharded(func, scope, facts):
         return "FSDP forward (all-gathers the shards)"

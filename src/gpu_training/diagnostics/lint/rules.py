@@ -225,7 +225,11 @@ _RULE_LIST = [
         after the epoch's training hangs (evaluate model.module, or pass
         broadcast_buffers=False), and the DistributedDataParallel constructor itself, which
         checks the parameters' shapes across the ranks and broadcasts rank 0's (unless given
-        a process_group of its own). (A helper whose literal argument
+        a process_group of its own), and the Hugging Face Trainer's save_model when its
+        arguments shard the model (a DeepSpeed ZeRO-3 config, fsdp=): it gathers the weights
+        on every rank before the main process writes, so "if trainer.is_world_process_zero():
+        trainer.save_model()" hangs rank 0 - call it on every rank, it writes once by itself.
+        (A helper whose literal argument
         turns its barrier off, torch_distributed_zero_first(-1), is not one there.) Without
         TORCH_DISTRIBUTED_DEBUG=DETAIL the job hangs silently until the 30-minute timeout.""",
         """Call the collective on every rank, outside the `if rank == 0` block; keep only the
