@@ -24,6 +24,8 @@ from dist_harness import REPO_ROOT
 
 TOKENIZER = REPO_ROOT / "configs" / "hf" / "tokenizer"
 CORPUS = REPO_ROOT / "src" / "gpu_training" / "tasks" / "data" / "kjv_selections.txt"
+INSTRUCTIONS = REPO_ROOT / "configs" / "hf" / "instructions.jsonl"
+LORA: dict[str, Any] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 STEPS = 10
 
 LLAMA: dict[str, Any] = {
@@ -89,6 +91,24 @@ def task_options(assets: dict[str, str], config: dict[str, Any], **more: Any) ->
         options.pop("tokenizer")
     options.update(more)
     return options
+
+
+def gpt2_options(assets: dict[str, str]) -> dict[str, Any]:
+    """GPT-2 (tied embeddings, dropout 0.1) with eager attention, on the test corpus."""
+    return task_options(assets, GPT2, attn_implementation="eager")
+
+
+def lora_options(assets: dict[str, str]) -> dict[str, Any]:
+    """LoRA over the saved Llama base, on instruction data whose prompt tokens are masked."""
+    return task_options(
+        assets,
+        LLAMA,
+        model_dir=assets["base"],
+        train_files=[str(INSTRUCTIONS)],
+        prompt_field="prompt",
+        response_field="response",
+        lora=LORA,
+    )
 
 
 def job(

@@ -24,13 +24,13 @@ import pytest
 import torch
 
 import hf_runs as H
-from dist_harness import REPO_ROOT, run_ranks
+from dist_harness import run_ranks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(400)]
 
 TOL = 1e-5
-INSTRUCTIONS = REPO_ROOT / "configs" / "hf" / "instructions.jsonl"
-LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+INSTRUCTIONS = H.INSTRUCTIONS
+LORA = H.LORA
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +40,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hf")
     assets = H.make_assets(root / "assets")
     llama = H.task_options(assets, H.LLAMA)
-    gpt2 = H.task_options(assets, H.GPT2, attn_implementation="eager")
-    lora = H.task_options(
-        assets,
-        H.LLAMA,
-        model_dir=assets["base"],
-        train_files=[str(INSTRUCTIONS)],
-        prompt_field="prompt",
-        response_field="response",
-        lora=LORA,
-    )
+    gpt2 = H.gpt2_options(assets)
+    lora = H.lora_options(assets)
     hf_task(HFTaskOptions(**lora)).build_data()  # tokenized here: the ranks read the cache
     jobs = {
         "ddp": H.job(root / "ddp", llama, {"name": "ddp"}),

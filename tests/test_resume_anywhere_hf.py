@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import hf_runs as H
-from dist_harness import REPO_ROOT, run_ranks
+from dist_harness import run_ranks
 
 pytestmark = [
     pytest.mark.multirank,
@@ -28,8 +28,6 @@ pytestmark = [
 ]
 
 TOL = 1e-5
-INSTRUCTIONS = REPO_ROOT / "configs" / "hf" / "instructions.jsonl"
-LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"name": "ddp"},
     "fsdp": {"name": "fsdp"},
@@ -57,18 +55,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("deepspeed")
     root = tmp_path_factory.mktemp("hf-anywhere")
     assets = H.make_assets(root / "assets")
-    options = {
-        "gpt2": H.task_options(assets, H.GPT2, attn_implementation="eager"),
-        "lora": H.task_options(
-            assets,
-            H.LLAMA,
-            model_dir=assets["base"],
-            train_files=[str(INSTRUCTIONS)],
-            prompt_field="prompt",
-            response_field="response",
-            lora=LORA,
-        ),
-    }
+    options = {"gpt2": H.gpt2_options(assets), "lora": H.lora_options(assets)}
     hf_task(HFTaskOptions(**options["lora"])).build_data()  # the ranks read the cache
     layouts = {(m, s, r) for m, s1, r1, s2, r2 in PAIRS for s, r in ((s1, r1), (s2, r2))}
     for ranks in (1, 2):  # every layout uninterrupted, one process group per world size

@@ -36,7 +36,7 @@ from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, node_star
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import repository_of
 
-__all__ = ["trainer_shards"]
+__all__ = ["trainer_classes", "trainer_shards"]
 
 _TRAINERS = frozenset({"Trainer", "Seq2SeqTrainer", "SFTTrainer", "DPOTrainer", "RewardTrainer"})
 _ARGUMENTS = ("TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", "DPOConfig")
@@ -54,7 +54,7 @@ def trainer_shards(receiver: ast.expr, scope: Scope, facts: ModuleFacts) -> str 
     key = dotted(receiver)
     if key is None:
         return None
-    trainers = _trainer_classes(facts)
+    trainers = trainer_classes(facts)
     for value in facts.lookup(key, scope, node_start(receiver)):
         if not (isinstance(value, ast.Call) and tail(call_name(value, facts.imports)) in trainers):
             continue
@@ -66,7 +66,7 @@ def trainer_shards(receiver: ast.expr, scope: Scope, facts: ModuleFacts) -> str 
     return None
 
 
-def _trainer_classes(facts: ModuleFacts) -> set[str]:
+def trainer_classes(facts: ModuleFacts) -> set[str]:
     """``Trainer`` and its kin (transformers, trl), and the file's classes derived from them."""
     found = set(_TRAINERS)
     for node in facts.nodes:

@@ -29,12 +29,12 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.hf_sharded_saves import trainer_classes
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 from gpu_training.diagnostics.lint.precision import conversion
 
 __all__ = ["bf16_trainers"]
 
-_TRAINERS = frozenset({"Trainer", "Seq2SeqTrainer", "SFTTrainer"})
 _TORCH_ADAM = frozenset({"adamw_torch", "adamw_torch_fused", "adamw_hf"})
 _ADAPTERS = ("get_peft_model", "LoraConfig", "PeftModel", "BitsAndBytesConfig")
 
@@ -54,7 +54,7 @@ def bf16_trainers(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
         return []
     if any(k.arg in ("load_in_4bit", "load_in_8bit") for c in facts.calls for k in c.keywords):
         return []
-    trainers = _trainer_classes(facts)
+    trainers = trainer_classes(facts)
     found: list[tuple[ast.Call, str]] = []
     for call, name in zip(facts.calls, names, strict=True):
         if tail(name) not in trainers or keyword_arg(call, "optimizers") is not None:
@@ -75,17 +75,6 @@ def bf16_trainers(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
                 f"with torch's AdamW ({_optim_text(settings)}): no fp32 copy",
             )
         )
-    return found
-
-
-def _trainer_classes(facts: ModuleFacts) -> set[str]:
-    """``Trainer`` and its kin, and the file's classes derived from them."""
-    found = set(_TRAINERS)
-    for node in facts.nodes:
-        if isinstance(node, ast.ClassDef) and any(
-            tail(dotted(b) or "") in _TRAINERS for b in node.bases
-        ):
-            found.add(node.name)
     return found
 
 
