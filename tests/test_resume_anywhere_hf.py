@@ -65,14 +65,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             if r == ranks
         }
         run_ranks(H.train_jobs, ranks, args=(jobs,), timeout=900)
-    resumed: dict[str, Any] = {}
+    resumes: dict[int, dict[str, Any]] = {1: {}, 2: {}}
     for model, source, n_source, target, n_target in PAIRS:
         name = f"{_name(model, source, n_source)}-to-{_name(model, target, n_target)}"
         out = root / name
         shutil.copytree(root / _name(model, source, n_source), out)
         shutil.rmtree(out / "checkpoints" / f"step-{H.STEPS:08d}")  # killed after step 5
-        job = H.job(out, options[model], STRATEGIES[target])
-        resumed[name] = run_ranks(H.train_jobs, n_target, args=({name: job},), timeout=600)[0]
+        resumes[n_target][name] = H.job(out, options[model], STRATEGIES[target])
+    resumed: dict[str, Any] = {}
+    for ranks, jobs in resumes.items():  # fresh processes: nothing in memory from the runs
+        resumed.update(run_ranks(H.train_jobs, ranks, args=(jobs,), timeout=900)[0])
     return {"root": root, "resumed": resumed}
 
 
@@ -92,7 +94,7 @@ def test_a_hf_model_resumes_under_another_strategy_and_world_size(
 ) -> None:
     root = Path(runs["root"])
     name = f"{_name(model, source, n_source)}-to-{_name(model, target, n_target)}"
-    assert runs["resumed"][name][name]["start_step"] == 5  # resumed, not started afresh
+    assert runs["resumed"][name]["start_step"] == 5  # resumed, not started afresh
     last = f"step-{H.STEPS:08d}"
     got = _weights(root / name / "checkpoints" / last, root / f"{name}.pt")
     want = _weights(
