@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from lint_repo import repo_findings
+from gpu_training.diagnostics.lint import lint_paths
+from lint_repo import repo_findings, write_repo
 
 _SCRIPT = """\
 from transformers import HfArgumentParser, Trainer, TrainingArguments
@@ -75,3 +76,24 @@ def test_no_gather_or_no_guard_is_no_hang(
     tmp_path: Path, args: str, guard: str, stage: int
 ) -> None:
     assert _found(tmp_path, args, guard, stage) == []
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "[" * 200_000 + "]" * 200_000,
+        "{not json",
+        '{"zero_optimization": {"stage": 3}}' + " " * (1 << 20),
+    ],
+    ids=["nested-too-deep", "not-json", "larger-than-a-config"],
+)
+def test_a_hostile_config_file_is_unknown_and_the_script_still_linted(
+    tmp_path: Path, config: str
+) -> None:
+    # the deep one raised RecursionError in json.load: the script was "nested too deeply to
+    # analyse (file not linted)", though the script itself is ordinary
+    script = _SCRIPT.replace("{args}", 'args = TrainingArguments("out", deepspeed="ds.json")')
+    files = {"train.py": script.replace("{guard}", _GUARD), "ds.json": config}
+    report = lint_paths([write_repo(tmp_path, files)])
+    assert not report.errors and report.files == 1
+    assert [f for f in report.findings if f.code == "GT009"] == []

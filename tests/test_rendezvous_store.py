@@ -192,3 +192,15 @@ def test_the_host_serves_until_the_others_left_and_no_longer_than_its_timeout() 
     started = time.monotonic()
     host.release(timeout=30)
     assert time.monotonic() - started < 5
+
+
+def test_a_torch_without_its_private_host_rule_hosts_nothing_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch>=2.10 is allowed: if its private helpers move, the job ends as torchrun's own
+    # (its agent hosts the store) instead of failing at the start with an AttributeError
+    from torch.distributed.elastic.rendezvous import utils
+
+    monkeypatch.delattr(utils, "_matches_machine_hostname")
+    hold = StoreHold.start(_args(rdzv_conf="", rdzv_endpoint=f"127.0.0.1:{_free_port()}"))
+    assert hold is not None and not hold.hosting

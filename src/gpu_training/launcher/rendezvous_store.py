@@ -134,17 +134,25 @@ class StoreHold:
 
 
 def _is_host(host: str, rdzv_conf: str) -> bool:
-    """torchrun's rule for the agent that hosts the c10d store (``is_host``, else the address)."""
+    """torchrun's rule for the agent that hosts the c10d store (``is_host``, else the address).
+
+    Both halves are torch's private helpers; a torch without them hosts nothing here, and the
+    job ends as torchrun's own (its agent hosts the store, as before this hold existed).
+    """
     from torch.distributed.elastic.rendezvous import utils
 
+    parse = getattr(utils, "_parse_rendezvous_config", None)
+    matches = getattr(utils, "_matches_machine_hostname", None)
+    if parse is None or matches is None:
+        return False
     try:
-        choice = utils._parse_rendezvous_config(rdzv_conf).get("is_host")
+        choice = parse(rdzv_conf).get("is_host")
     except ValueError:
         return False  # torchrun refuses the configuration itself
     if choice is not None:
-        return choice.strip().lower() in {"1", "true", "t", "yes", "y"}
+        return str(choice).strip().lower() in {"1", "true", "t", "yes", "y"}
     try:
-        return bool(utils._matches_machine_hostname(host))
+        return bool(matches(host))
     except OSError:
         return False
 

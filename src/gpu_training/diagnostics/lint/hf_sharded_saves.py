@@ -34,7 +34,7 @@ import os
 
 from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, node_start, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
-from gpu_training.diagnostics.lint.repo_files import repository_of
+from gpu_training.diagnostics.lint.repo_files import MAX_TEXT_BYTES, repository_of
 
 __all__ = ["trainer_classes", "trainer_shards"]
 
@@ -111,7 +111,7 @@ def _zero_stage(config: ast.expr, facts: ModuleFacts) -> object:
     if isinstance(config, ast.Dict):
         try:
             data = ast.literal_eval(config)
-        except ValueError:
+        except (ValueError, TypeError, RecursionError):  # not a literal all the way down
             return None
     elif isinstance(config, ast.Constant) and isinstance(config.value, str):
         data = _json_config(config.value, facts)
@@ -123,7 +123,8 @@ def _zero_stage(config: ast.expr, facts: ModuleFacts) -> object:
 
 def _json_config(name: str, facts: ModuleFacts) -> object:
     """The JSON file ``name`` as a script run from its own directory or from the repository's
-    root would open it (None when neither has it, or it is not JSON)."""
+    root would open it (None when neither has it, or it is not JSON, larger than the lint reads
+    of any file, or nested past what the parser recurses into: the script is still linted)."""
     if facts.path in ("", "<string>") or not name.endswith(".json"):
         return None
     here = os.path.dirname(os.path.abspath(facts.path))
@@ -131,8 +132,10 @@ def _json_config(name: str, facts: ModuleFacts) -> object:
         path = os.path.join(base, name)
         if os.path.isfile(path):
             try:
+                if os.path.getsize(path) > MAX_TEXT_BYTES:
+                    return None
                 with open(path, encoding="utf-8") as handle:
                     return json.load(handle)
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 return None
     return None

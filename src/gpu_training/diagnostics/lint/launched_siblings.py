@@ -29,19 +29,22 @@ from __future__ import annotations
 import functools
 import os
 
-from gpu_training.diagnostics.lint.repo_files import multi_process_launches, repository_of
+from gpu_training.diagnostics.lint.repo_files import (
+    MAX_TEXT_BYTES,
+    multi_process_launches,
+    repository_of,
+)
 
 __all__ = ["SHARED", "launched_copy"]
 
 SHARED = 0.8
 """The share of the shorter file's distinct lines the two must have in common."""
-_MAX_BYTES = 1 << 20
 
 
 @functools.lru_cache(maxsize=256)
 def _lines(path: str) -> frozenset[str]:
     try:
-        if os.path.getsize(path) > _MAX_BYTES:
+        if os.path.getsize(path) > MAX_TEXT_BYTES:
             return frozenset()
         with open(path, encoding="utf-8", errors="replace") as handle:
             return frozenset(s for line in handle if (s := line.strip()) and not s.startswith("#"))

@@ -25,10 +25,17 @@ from pathlib import Path
 
 from gpu_training.diagnostics.lint.roots import find_project_root, installed_packages
 
-__all__ = ["multi_process_launches", "one_process_per_node", "repository_of", "text_files"]
+__all__ = [
+    "MAX_TEXT_BYTES",
+    "multi_process_launches",
+    "one_process_per_node",
+    "repository_of",
+    "text_files",
+]
 
 _SKIP_DIRS = frozenset({"node_modules", "site-packages", "tests", "test", "__pycache__"})
-_MAX_BYTES = 1 << 20
+MAX_TEXT_BYTES = 1 << 20
+"""The largest file of a repository the lint reads for its text (a launch script, a config)."""
 # Launchers that start one process per GPU (`python -m <module>` or a command of their own)
 _LAUNCHERS = frozenset(
     {"torchrun", "deepspeed", "torch.distributed.launch", "torch.distributed.run"}
@@ -67,7 +74,7 @@ def text_files(root: str, suffixes: tuple[str, ...]) -> tuple[tuple[str, str], .
                 continue
             path = Path(directory, name)
             try:
-                if path.stat().st_size <= _MAX_BYTES:
+                if path.stat().st_size <= MAX_TEXT_BYTES:
                     found.append((str(path), path.read_text(encoding="utf-8", errors="replace")))
             except OSError:
                 continue
