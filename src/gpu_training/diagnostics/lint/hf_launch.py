@@ -32,13 +32,13 @@ import os
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.collectives import UNDECIDED, literal
+from gpu_training.diagnostics.lint.hf_trainers import PACKAGES, builds_arguments, builds_trainer
 from gpu_training.diagnostics.lint.launched_siblings import launched_copy
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import multi_process_launches, repository_of
 
 __all__ = ["hf_every_process", "saves_on_each_node", "written_for_a_launch"]
 
-_PACKAGES = ("transformers", "trl")
 _LAUNCH_KEYWORDS = ("local_rank", "deepspeed")
 _LAUNCHER_ENV = frozenset({"LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"})
 _SPLIT_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
@@ -153,13 +153,10 @@ def _reads_launch_rank(facts: ModuleFacts) -> bool:
 
 
 def _builds_trainer(facts: ModuleFacts, scope: ast.AST) -> bool:
-    """The scope builds a Hugging Face ``Trainer`` (``Trainer``, ``Seq2SeqTrainer``,
-    ``SFTTrainer``) that it trains."""
+    """The scope builds a Hugging Face trainer
+    (:func:`~gpu_training.diagnostics.lint.hf_trainers.builds_trainer`)."""
     return any(
-        facts.scope_containing(c).node is scope
-        and call_name(c, facts.imports).split(".")[0] in _PACKAGES
-        and tail(call_name(c, facts.imports)).endswith("Trainer")
-        for c in facts.calls
+        facts.scope_containing(c).node is scope and builds_trainer(c, facts) for c in facts.calls
     )
 
 
@@ -172,10 +169,7 @@ def _trainer_arguments(facts: ModuleFacts, node: ast.expr) -> bool:
         return False
     values = facts.lookup_all(owner.id, facts.scope_containing(node))
     return bool(values) and all(
-        isinstance(v, ast.Call)
-        and call_name(v, facts.imports).split(".")[0] in _PACKAGES
-        and tail(call_name(v, facts.imports)).endswith("Trainer")
-        for v in values
+        isinstance(v, ast.Call) and builds_trainer(v, facts) for v in values
     )
 
 
@@ -204,16 +198,13 @@ def _launched_by_repository(facts: ModuleFacts) -> bool:
 
 def _hf_arguments(facts: ModuleFacts, call: ast.Call) -> bool:
     name = call_name(call, facts.imports)
-    last = tail(name)
-    return name.split(".")[0] in _PACKAGES and (
-        last.endswith(("TrainingArguments", "Config")) or last == "HfArgumentParser"
+    return builds_arguments(call, facts) or (
+        name.split(".")[0] in PACKAGES and tail(name) == "HfArgumentParser"
     )
 
 
 def _launch_arguments(facts: ModuleFacts, call: ast.Call) -> bool:
-    name = call_name(call, facts.imports)
-    last = tail(name)
-    if name.split(".")[0] not in _PACKAGES or not last.endswith(("TrainingArguments", "Config")):
+    if not builds_arguments(call, facts):
         return False
     given = [keyword_arg(call, k) for k in _LAUNCH_KEYWORDS]
     return any(v is not None and not isinstance(v, ast.Constant) for v in given)  # from the CLI
@@ -227,8 +218,7 @@ def saves_on_each_node(facts: ModuleFacts) -> list[ast.expr]:
     return [
         flag
         for c in facts.calls
-        if call_name(c, facts.imports).split(".")[0] in _PACKAGES
-        and tail(call_name(c, facts.imports)).endswith(("TrainingArguments", "Config"))
+        if builds_arguments(c, facts)
         and isinstance(flag := keyword_arg(c, "save_on_each_node"), ast.Constant)
         and flag.value is True
     ]

@@ -17,13 +17,14 @@ are not known, and nothing is reported for them.
 Example:
     >>> import ast
     >>> from gpu_training.diagnostics.lint.model import ModuleFacts
-    >>> src = ("args = TrainingArguments('out', deepspeed={'zero_optimization': {'stage': 3}})\\n"
+    >>> src = ("from transformers import Trainer, TrainingArguments\\n"
+    ...        "args = TrainingArguments('out', deepspeed={'zero_optimization': {'stage': 3}})\\n"
     ...        "trainer = Trainer(model=model, args=args)\\n"
     ...        "trainer.save_model()\\n")
     >>> facts = ModuleFacts(ast.parse(src))
     >>> call = facts.calls[-1]
     >>> trainer_shards(call.func.value, facts.scope_containing(call), facts)
-    'ZeRO-3: deepspeed= at line 1'
+    'ZeRO-3: deepspeed= at line 2'
 """
 
 from __future__ import annotations
@@ -32,14 +33,12 @@ import ast
 import json
 import os
 
-from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, node_start, tail
-from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
+from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, node_start
+from gpu_training.diagnostics.lint.hf_trainers import builds_arguments, builds_trainer
+from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 from gpu_training.diagnostics.lint.repo_files import MAX_TEXT_BYTES, repository_of
 
-__all__ = ["trainer_classes", "trainer_shards"]
-
-_TRAINERS = frozenset({"Trainer", "Seq2SeqTrainer", "SFTTrainer", "DPOTrainer", "RewardTrainer"})
-_ARGUMENTS = ("TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", "DPOConfig")
+__all__ = ["trainer_shards"]
 
 
 def trainer_shards(receiver: ast.expr, scope: Scope, facts: ModuleFacts) -> str | None:
@@ -54,9 +53,8 @@ def trainer_shards(receiver: ast.expr, scope: Scope, facts: ModuleFacts) -> str 
     key = dotted(receiver)
     if key is None:
         return None
-    trainers = trainer_classes(facts)
     for value in facts.lookup(key, scope, node_start(receiver)):
-        if not (isinstance(value, ast.Call) and tail(call_name(value, facts.imports)) in trainers):
+        if not (isinstance(value, ast.Call) and builds_trainer(value, facts)):
             continue
         arguments = _arguments(call_arg(value, 1, "args"), scope, facts)
         if arguments is not None:
@@ -66,23 +64,12 @@ def trainer_shards(receiver: ast.expr, scope: Scope, facts: ModuleFacts) -> str 
     return None
 
 
-def trainer_classes(facts: ModuleFacts) -> set[str]:
-    """``Trainer`` and its kin (transformers, trl), and the file's classes derived from them."""
-    found = set(_TRAINERS)
-    for node in facts.nodes:
-        if isinstance(node, ast.ClassDef) and any(
-            tail(dotted(b) or "") in found for b in node.bases
-        ):
-            found.add(node.name)
-    return found
-
-
 def _arguments(expr: ast.expr | None, scope: Scope, facts: ModuleFacts) -> ast.Call | None:
     """The ``TrainingArguments(...)`` call ``expr`` is (or the one name it was bound to)."""
     if isinstance(expr, ast.Name):
         values = facts.lookup(expr.id, scope, node_start(expr))
         expr = values[0] if len(values) == 1 else None
-    if isinstance(expr, ast.Call) and tail(call_name(expr, facts.imports)).endswith(_ARGUMENTS):
+    if isinstance(expr, ast.Call) and builds_arguments(expr, facts):
         return expr
     return None
 

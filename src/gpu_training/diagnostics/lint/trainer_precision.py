@@ -15,13 +15,14 @@ trained parameters are not the bf16 ones.
 Example:
     >>> import ast
     >>> from gpu_training.diagnostics.lint.model import ModuleFacts
-    >>> src = ("model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)\\n"
+    >>> src = ("from transformers import Trainer, TrainingArguments\\n"
+    ...        "model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)\\n"
     ...        "args = TrainingArguments(output_dir='out', bf16=True)\\n"
     ...        "trainer = Trainer(model=model, args=args, train_dataset=ds)\\n"
     ...        "trainer.train()\\n")
     >>> facts = ModuleFacts(ast.parse(src))
     >>> [(call.lineno, detail[:38]) for call, detail in bf16_trainers(facts)]
-    [(1, 'model is bfloat16 and Trainer(...) (li')]
+    [(2, 'model is bfloat16 and Trainer(...) (li')]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import ast
 
 from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, node_start, tail
-from gpu_training.diagnostics.lint.hf_sharded_saves import trainer_classes
+from gpu_training.diagnostics.lint.hf_trainers import builds_arguments, builds_trainer
 from gpu_training.diagnostics.lint.model import ModuleFacts, call_name, dotted
 from gpu_training.diagnostics.lint.precision import conversion
 
@@ -54,10 +55,9 @@ def bf16_trainers(facts: ModuleFacts) -> list[tuple[ast.Call, str]]:
         return []
     if any(k.arg in ("load_in_4bit", "load_in_8bit") for c in facts.calls for k in c.keywords):
         return []
-    trainers = trainer_classes(facts)
     found: list[tuple[ast.Call, str]] = []
     for call, name in zip(facts.calls, names, strict=True):
-        if tail(name) not in trainers or keyword_arg(call, "optimizers") is not None:
+        if not builds_trainer(call, facts) or keyword_arg(call, "optimizers") is not None:
             continue
         scope = facts.scope_containing(call)
         model = call_arg(call, 0, "model")
@@ -106,8 +106,7 @@ def _arguments(facts: ModuleFacts, args: ast.Name, scope: object) -> ast.Call | 
     if len(values) != 1 or not isinstance(values[0], ast.Call):
         return None
     built = values[0]
-    last = tail(call_name(built, facts.imports))
-    if not (last.endswith("TrainingArguments") or last == "SFTConfig"):
+    if not builds_arguments(built, facts):
         return None
     if any(k.arg is None for k in built.keywords):
         return None
