@@ -74,12 +74,15 @@ test-quick: $(VENV)/.installed
 # `make test` leaves out): none, DDP, FSDP2, ZeRO-1/2/3 at 1, 2 and 4 ranks (and ZeRO-2/3 with
 # CPU offload on 2), each resumed by every other, and a stream resumed on 4 ranks
 # (tests/test_streaming.py), the streams' CLI negative controls (tests/test_stateful_stream.py,
-# tests/test_hf_stream.py); each cell's max |weight diff| goes to
+# tests/test_hf_stream.py), and what `make test` leaves out of its resume subsets: two of the
+# three negative controls and the ZeRO preflight line (tests/test_resume_anywhere.py), the
+# LoRA pairs of tests/test_resume_anywhere_hf.py, the DDP -> ZeRO loss-scale negative control
+# (tests/test_resume_loss_scale.py); each cell's max |weight diff| goes to
 # $(MATRIX_REPORT) as JSON lines. One pass, no xdist: the 4-rank cells fill the machine.
 MATRIX_REPORT ?= runs/resume-matrix.jsonl
 test-matrix: $(VENV)/.installed
 	@mkdir -p $(dir $(MATRIX_REPORT)) && rm -f $(MATRIX_REPORT)
-	GT_RESUME_MATRIX=$(MATRIX_REPORT) $(PYTEST) -m matrix tests/test_resume_matrix.py tests/test_streaming.py tests/test_stateful_stream.py tests/test_hf_stream.py --durations=15 $(PYTEST_ARGS)
+	GT_RESUME_MATRIX=$(MATRIX_REPORT) $(PYTEST) -m matrix tests/test_resume_matrix.py tests/test_streaming.py tests/test_stateful_stream.py tests/test_hf_stream.py tests/test_resume_anywhere.py tests/test_resume_anywhere_hf.py tests/test_resume_loss_scale.py --durations=15 $(PYTEST_ARGS)
 
 # The whole fault matrix (tests/test_faults.py: 63 cells; make test runs a Latin square of 16,
 # in which every fault kind meets every runner and every place).

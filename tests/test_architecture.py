@@ -347,3 +347,21 @@ def test_comments_name_only_documents_that_exist() -> None:
                     if not any(p.is_file() for p in places):
                         dead.append(f"{path.relative_to(root)}:{number}: {ref}")
     assert not dead, f"comments point to documents that do not exist: {dead}"
+
+
+def test_every_test_left_out_of_make_test_has_a_target_that_runs_it() -> None:
+    """A test marked ``matrix`` is left out of ``make test`` (tests/conftest.py); a Makefile
+    target that selects ``matrix`` must name its file, or it would never run anywhere."""
+    root = SRC.parent
+    makefile = (root / "Makefile").read_text(encoding="utf-8")
+    named: set[str] = set()
+    for line in makefile.splitlines():
+        if re.search(r'-m (matrix|"matrix or not matrix")', line):
+            named.update(re.findall(r"tests/(test_\w+\.py)", line))
+    marked = sorted(
+        path.name
+        for path in (root / "tests").glob("test_*.py")
+        if re.search(r"\bpytest\.mark\.matrix\b|\bmark\.matrix\b", path.read_text("utf-8"))
+    )
+    assert marked, "no test is marked matrix: this check would see nothing"
+    assert [name for name in marked if name not in named] == []

@@ -392,13 +392,15 @@ def test_lint_of_one_script_reads_the_project_modules_it_imports(tmp_path: Path)
 def test_never_crashes_on_valid_python() -> None:
     """A slice of the repository and of the standard library: odd but valid Python everywhere.
 
-    A quarter of the repository's own files (every fourth, sorted: each session's new files
-    fall into it in turn) keeps the test's time flat as the repository grows."""
+    An eighth of the repository's own files (every eighth, sorted: each session's new files
+    fall into it in turn) keeps the test's time flat as the repository grows. Each file is
+    linted under its own path, so the modules it imports are read too (a standard-library
+    file reads ~60 of its siblings: about a second each)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    sample = sorted(stdlib.glob("*.py"))[::10] + sorted((stdlib / "asyncio").glob("*.py"))[::3]
+    sample = sorted(stdlib.glob("*.py"))[::20] + sorted((stdlib / "asyncio").glob("*.py"))[::6]
     own = collect_files([REPO_ROOT / "src", REPO_ROOT / "examples", *REPO_ROOT.glob("tests/*.py")])
     checked = 0
-    for path in [*sorted(own)[::4], *collect_files([p for p in sample if p.exists()])]:
+    for path in [*sorted(own)[::8], *collect_files([p for p in sample if p.exists()])]:
         try:
             source = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -409,7 +411,7 @@ def test_never_crashes_on_valid_python() -> None:
             continue  # not valid Python for this interpreter: out of scope
         lint_source(source, str(path))
         checked += 1
-    assert checked > 80
+    assert checked > 70
     odd = (
         """
 async def f(xs):

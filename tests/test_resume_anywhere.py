@@ -17,7 +17,9 @@ and not at all:
 Three negative controls drop the optimizer state on resume (DDP x 2 -> FSDP x 4, DDP x 2 ->
 ZeRO-1 x 2, ZeRO-3 offloaded x 2 -> FSDP x 2: one per way of resharding it) and must miss
 the uninterrupted run. Through the real command line: the line
-``train`` prints before any process starts. A checkpoint whose model does not fit the job
+``train`` prints before any process starts. ``make test`` runs every resume, the ZeRO-1
+negative control and the DDP line; the other two controls and the ZeRO line are marked
+``matrix`` (``make test-matrix``). A checkpoint whose model does not fit the job
 under the other format is bad input (one line, exit 2, nothing written):
 tests/bad_input_place_cases.py, ``other-model-shape-under-*``. Every pair of layouts at world
 sizes 1, 2 and 4 is tests/test_resume_matrix.py (``make test-matrix``).
@@ -55,10 +57,10 @@ CASES = [
 """Every source and every target layout at least once; the world size up, down, the same."""
 
 
-def _case(source: str, target: str) -> object:
+def _case(source: str, target: str, *marks: pytest.MarkDecorator) -> object:
     needs = not (has_deepspeed(source) and has_deepspeed(target))
     skip = pytest.mark.skipif(needs, reason="needs the deepspeed extra")
-    return pytest.param(source, target, marks=skip, id=f"{source}-{target}")
+    return pytest.param(source, target, marks=[skip, *marks], id=f"{source}-{target}")
 
 
 def _said(source: str, target: str) -> str:
@@ -121,7 +123,11 @@ def _dropping_the_optimizer_state(argv: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("source", "target"),
-    [_case("ddp2", "fsdp4"), _case("ddp2", "zero1x2"), _case("zero3offx2", "fsdp2")],
+    [
+        _case("ddp2", "fsdp4", pytest.mark.matrix),
+        _case("ddp2", "zero1x2"),
+        _case("zero3offx2", "fsdp2", pytest.mark.matrix),
+    ],
 )
 def test_the_negative_control_drops_the_optimizer_state_and_misses(
     uninterrupted: dict[str, Path], tmp_path: Path, source: str, target: str
@@ -143,7 +149,10 @@ def test_the_negative_control_drops_the_optimizer_state_and_misses(
             "zero2x2",
             "strategy.zero_stage=3",
             "ZeRO-2 on 2 ranks under ZeRO-3 on 2",
-            marks=pytest.mark.skipif(not has_deepspeed("zero2x2"), reason="needs deepspeed"),
+            marks=[
+                pytest.mark.skipif(not has_deepspeed("zero2x2"), reason="needs deepspeed"),
+                pytest.mark.matrix,
+            ],
             id="zero",
         ),
     ],

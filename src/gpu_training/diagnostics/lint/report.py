@@ -286,11 +286,15 @@ def lint_source(
     ignore: Iterable[str] | None = None,
     hygiene: bool = False,
 ) -> list[Finding]:
-    """Lint Python source text (alone: no other module of its project is read).
+    """Lint Python source text: only ``source`` is reported on.
+
+    Under a ``path`` on disk the modules it imports are read from beside it, as
+    :func:`lint_paths` reads them (``from utils import setup`` makes ``setup()``'s process
+    group the script's); under the default ``"<string>"`` nothing else is read.
 
     Args:
         source: The code.
-        path: The name to report findings under.
+        path: The name to report findings under, and where its imports are looked for.
         select: Rule codes or prefixes to report (default every bug rule); see
             :func:`select_rules`.
         ignore: Rule codes or prefixes to leave out.
