@@ -57,6 +57,16 @@ def referenced_functions(
             found += [
                 ref
                 for ref in facts.resolver.callees(facts, sub)
-                if ref[1] in ref[0].tree.body  # a function, not the class an import names
+                if _module_level(ref)  # a function, not the class an import names
             ]
     return found
+
+
+def _module_level(ref: FuncRef) -> bool:
+    """``ref``'s function is a statement of its module's body (its ids kept in the module's
+    ``memo``: asked for every imported name an expression reads)."""
+    owner, func = ref
+    ids = owner.memo.get("module-body-ids")
+    if not isinstance(ids, frozenset):
+        ids = owner.memo["module-body-ids"] = frozenset(id(s) for s in owner.tree.body)
+    return id(func) in ids

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 
 from gpu_training.diagnostics.lint.calls import keyword_arg, tail
 from gpu_training.diagnostics.lint.lightning import Launch, calling_statements
@@ -46,11 +47,26 @@ def file_framework(tails: set[str], facts: ModuleFacts) -> str | None:
     found = next((_FRAMEWORKS[t] for t in sorted(tails) if t in _FRAMEWORKS), None)
     if found is not None:
         return found
-    for call in facts.calls:
+    for call in _bound_calls(facts):
         for summary in facts.summaries(call):
             for kind in sorted(summary.returns & _RETURNED.keys()):
                 return _RETURNED[kind]
     return _annotated(facts)
+
+
+def _bound_calls(facts: ModuleFacts) -> Iterator[ast.Call]:
+    """The calls whose result the file keeps (``accelerator = make_accelerator(cfg)``, ``with
+    helper() as fabric:``): only a kept object can be the file's framework, and asking every
+    other call what its helper returns summarised most of a large project's functions."""
+    for node in facts.nodes:
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
+            value = node.value
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            value = node.context_expr
+        else:
+            continue
+        if isinstance(value, ast.Call):
+            yield value
 
 
 _FRAMEWORK_MODULES = ("accelerate", "lightning_fabric", "lightning.fabric", "lightning")

@@ -79,24 +79,37 @@ def _helper_group_ranks(facts: ModuleFacts, call: ast.Call) -> list[ast.expr | N
     its rank (``init_process(rank, size)`` whose body calls ``init_process_group(backend,
     rank=rank, world_size=size)``, in this file or another module): the group's rank."""
     found: list[ast.expr | None] = []
-    for _, func in facts.callees(call):
-        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
-        skip = 1 if params and params[0] in ("self", "cls") else 0
-        for inner in ast.walk(func):
-            if not isinstance(inner, ast.Call) or tail(dotted(inner.func) or "") != (
-                "init_process_group"
-            ):
-                continue
-            rank = call_arg(inner, _RANK_POSITION, "rank")
-            given = [rank] if rank is not None else list(_environ_ranks(func))
-            for value in given:
-                if isinstance(value, ast.Call) and dotted(value.func) == "int" and value.args:
-                    value = value.args[0]
-                if isinstance(value, ast.Name) and value.id in params[skip:]:
-                    found.append(passed_at(call, func, params.index(value.id) - skip))
+    for owner, func in facts.callees(call):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.extend(passed_at(call, func, i) for i in _rank_parameters(owner, func))
     return found
+
+
+def _rank_parameters(owner: ModuleFacts, func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[int]:
+    """The positions (after ``self``/``cls``) of ``func``'s parameters that its body makes a
+    process group's rank with, once per function (kept in its module's ``memo``: every call
+    of a helper asks)."""
+    key = ("group-rank-parameters", id(func))
+    cached = owner.memo.get(key)
+    if isinstance(cached, list):
+        return cached
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    skip = 1 if params and params[0] in ("self", "cls") else 0
+    positions: list[int] = []
+    for inner in ast.walk(func):
+        if not isinstance(inner, ast.Call) or tail(dotted(inner.func) or "") != (
+            "init_process_group"
+        ):
+            continue
+        rank = call_arg(inner, _RANK_POSITION, "rank")
+        given = [rank] if rank is not None else list(_environ_ranks(func))
+        for value in given:
+            if isinstance(value, ast.Call) and dotted(value.func) == "int" and value.args:
+                value = value.args[0]
+            if isinstance(value, ast.Name) and value.id in params[skip:]:
+                positions.append(params.index(value.id) - skip)
+    owner.memo[key] = positions
+    return positions
 
 
 def _environ_ranks(node: ast.AST) -> Iterator[ast.expr]:

@@ -55,6 +55,8 @@ def groupless_side(ranks: RankAnalysis, stmt: ast.If, scope: Scope) -> str | Non
     """
     if not ranks.group_creators:
         return None  # nothing in the file makes the group
+    if _first_maker(ranks, id(scope.node), getattr(scope.node, "body", [])) < stmt.lineno:
+        return None  # the group exists already: a branch below runs on every rank
     body_makes = ranks.creates_group(stmt.body)
     block: list[ast.stmt] = []
     index = 0
@@ -68,8 +70,6 @@ def groupless_side(ranks: RankAnalysis, stmt: ast.If, scope: Scope) -> str | Non
         return None
     if body_makes == else_makes:
         return None
-    if _first_maker(ranks, id(scope.node), getattr(scope.node, "body", [])) < stmt.lineno:
-        return None  # the group exists already: a branch below runs on every rank
     if not block:
         block, index = _place(ranks, scope.node).get(id(stmt), ([], 0))
     if _first_maker(ranks, id(block), block) < stmt.lineno:

@@ -47,7 +47,7 @@ _NAMES: WeakKeyDictionary[object, frozenset[str]] = WeakKeyDictionary()
 def _methods(modules: Iterable[ModuleFacts]) -> dict[str, list[tuple[ModuleFacts, _Def]]]:
     found: dict[str, list[tuple[ModuleFacts, _Def]]] = {}
     for facts in modules:
-        for node in ast.walk(facts.tree):
+        for node in facts.nodes:  # the module's one walk
             if isinstance(node, ast.ClassDef):
                 for item in node.body:
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):

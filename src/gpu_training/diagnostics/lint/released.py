@@ -69,6 +69,9 @@ def released_sides(
     remembered early return where the branch makes one of its flag parts fail."""
     sides = []
     for ctx, holds in ((body, True), (orelse, False)):
+        if not ctx.released:  # the common case: no early return to remember
+            sides.append(ctx)
+            continue
         settled = known(stmt.test, holds)
         for parts, before, line in ctx.released:
             if parts & settled and unchanged(facts, scope, stmt.test, line, stmt.lineno):

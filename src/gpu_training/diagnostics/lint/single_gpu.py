@@ -41,11 +41,15 @@ def one_gpu_per_process(facts: ModuleFacts) -> bool:
     repository launches every script one process per node
     (:func:`~gpu_training.diagnostics.lint.repo_files.one_process_per_node`), so a fixed
     ``cuda:0`` is each process's own machine's GPU, not one GPU every rank shares (``GT002``)."""
-    if one_visible_gpu(facts):
-        return True
-    if facts.path in ("", "<string>"):
-        return False
-    return one_process_per_node(repository_of(os.path.abspath(facts.path)))
+    cached = facts.memo.get("one-gpu-per-process")  # asked for every call of the file
+    if isinstance(cached, bool):
+        return cached
+    result = one_visible_gpu(facts) or (
+        facts.path not in ("", "<string>")
+        and one_process_per_node(repository_of(os.path.abspath(facts.path)))
+    )
+    facts.memo["one-gpu-per-process"] = result
+    return result
 
 
 def one_visible_gpu(facts: ModuleFacts) -> bool:

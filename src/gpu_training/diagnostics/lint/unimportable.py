@@ -42,6 +42,7 @@ __all__ = ["failing_import_line"]
 
 _MAX_DEPTH = 6
 _MEMO = "failing_import_line"
+_BOUND = "bound-names"
 _SUFFIXES = (".py", ".pyi", ".so", ".pyd", ".pyx")
 
 
@@ -76,6 +77,15 @@ def _bound_names(facts: ModuleFacts) -> set[str] | None:
     class body or a function-level import binds counts too, which only errs towards
     "imports fine"); None when it may bind names it does not spell (a star import, a module
     ``__getattr__``, ``globals()``, ``setattr``, ``vars``, ``sys.modules``)."""
+    cached = facts.memo.get(_BOUND)  # asked once per import of the module
+    if cached is not None:
+        return cached if isinstance(cached, set) else None
+    bound = _module_bindings(facts)
+    facts.memo[_BOUND] = bound if bound is not None else False
+    return bound
+
+
+def _module_bindings(facts: ModuleFacts) -> set[str] | None:
     if facts.imports.stars or "__getattr__" in facts.toplevel:
         return None
     for node in facts.nodes:
@@ -135,8 +145,10 @@ def failing_import_line(project: Project, facts: ModuleFacts, depth: int = 0) ->
     facts.memo[_MEMO] = None  # an import cycle resolves as "imports fine"
     found: int | None = None
     body = facts.tree.body
-    for node in [] if runs_itself(facts.tree) else body:  # entry script: not judged
-        if "sys.path" in ast.unparse(node):
+    imports = [i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    judged = body[: imports[-1] + 1] if imports else []  # nothing below the last import fails
+    for node in [] if runs_itself(facts.tree) else judged:  # entry script: not judged
+        if any(dotted(n) == "sys.path" for n in ast.walk(node)):
             break  # the imports below resolve against a path set at run time
         if isinstance(node, ast.ImportFrom) and _name_missing(project, importer, node):
             found = node.lineno
