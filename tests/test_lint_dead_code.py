@@ -193,3 +193,19 @@ def test_a_class_imported_under_an_alias_and_built(tmp_path: Path) -> None:
         'if __name__ == "__main__":\n    main()\n'
     )
     assert ("dist_trainer.py", 10, "GT006") in _found(tmp_path, files)
+
+
+def test_a_method_only_a_docstring_names_is_not_reached(tmp_path: Path) -> None:
+    """Set 17: a backend class's method named only in a package's quick-start docstring (an
+    example nobody runs); a string the code uses (a ``getattr``) still reaches it."""
+    files = _trainer()
+    files["trainer.py"] = (
+        '"""Quick start::\n\n    trainer.train_epoch()\n    trainer.save_checkpoint(0)\n"""\n'
+        + files["trainer.py"]
+    )
+    assert _found(tmp_path, files) == []
+    files["trainer.py"] = files["trainer.py"].replace(
+        "            train_one_epoch(self.model, self.loader, self.optimizer)\n",
+        '            getattr(self, "save_checkpoint")(epoch)\n',
+    )
+    assert ("trainer.py", 37, "GT007") in _found(tmp_path, files)

@@ -85,10 +85,10 @@ from gpu_training.diagnostics.lint.mode_branches import groupless_side
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.node_writes import node_local_write, several_processes
 from gpu_training.diagnostics.lint.one_rank import single_rank
+from gpu_training.diagnostics.lint.paired_collectives import GuardedCollective
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.rank0_first import rank0_first
 from gpu_training.diagnostics.lint.ranks import (
-    GuardedCollective,
     RankAnalysis,
     every_rank_log,
     every_rank_write,

@@ -102,12 +102,17 @@ def _mentions(nodes: Iterator[ast.AST], aliases: dict[str, str]) -> tuple[set[st
 
 
 def _walk_outside(roots: list[ast.AST], skip: set[int]) -> Iterator[ast.AST]:
-    """Every node under ``roots`` except imports, ``__all__`` and the subtrees in ``skip``."""
+    """Every node under ``roots`` except imports, ``__all__``, docstrings and the subtrees in
+    ``skip``: a string standing alone as a statement is evaluated and dropped, so its words
+    name nothing that runs (and reading every docstring's words was most of this walk's time
+    on a documented code base)."""
     stack = list(roots)
     while stack:
         node = stack.pop()
         if id(node) in skip or isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring, or any other bare literal
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and "__all__" in {
             t.id
             for t in getattr(node, "targets", [getattr(node, "target", None)])

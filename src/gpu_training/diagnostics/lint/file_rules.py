@@ -40,8 +40,8 @@ from gpu_training.diagnostics.lint.helper_devices import helper_default_cuda
 from gpu_training.diagnostics.lint.hf_launch import saves_on_each_node
 from gpu_training.diagnostics.lint.local_branches import locally_decided_collectives
 from gpu_training.diagnostics.lint.model import call_name
+from gpu_training.diagnostics.lint.paired_collectives import unpaired_collectives
 from gpu_training.diagnostics.lint.precision import bf16_adam, scalers_with_bf16
-from gpu_training.diagnostics.lint.ranks import unpaired_collectives
 from gpu_training.diagnostics.lint.reiterated_loaders import reiterated_loaders
 from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.single_node import loopback_rendezvous

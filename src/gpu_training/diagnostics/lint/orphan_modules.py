@@ -123,6 +123,7 @@ class _Index:
         )
         self.strings = "\0" + "\0".join(strings) + "\0"
         self._under: dict[Path, list[ModuleFacts]] | None = None
+        self._trees: dict[tuple[Path, bool], list[ModuleFacts]] = {}
         self.by_name: dict[str, list[ModuleFacts]] = {}
         for facts in project.linted.values():
             prefixes: set[str] = set()
@@ -147,6 +148,20 @@ class _Index:
                         if not users or users[-1] is not other:
                             users.append(other)
         return self._under.get(directory, [])
+
+    def tree(self, project: Project, top: Path, *, flat: bool) -> list[ModuleFacts]:
+        """The linted modules under ``top`` (``flat``: directly in it), once per directory."""
+        key = (top, flat)
+        found = self._trees.get(key)
+        if found is None:
+            found = self._trees[key] = [
+                other
+                for other in project.linted.values()
+                if other.path in self.paths
+                and self.paths[other.path].is_relative_to(top)
+                and (not flat or self.paths[other.path].parent == top)
+            ]
+        return found
 
     def importers_by_name(self, dotted: str) -> list[ModuleFacts]:
         """The linted modules whose absolute imports name the module or package ``dotted``
@@ -206,11 +221,8 @@ def _orphan(project: Project, facts: ModuleFacts) -> bool:
         return False  # imported by a module that runs (not by another orphan only)
     same_tree = [
         other
-        for other in project.linted.values()
+        for other in index.tree(project, top, flat=top == path.resolve().parent)
         if other is not facts
-        and other.path in index.paths
-        and index.paths[other.path].is_relative_to(top)
-        and (top != path.resolve().parent or index.paths[other.path].parent == top)
     ]
     package = dotted.split(".")[0] if "." in dotted else None
     if not any(i is not facts for o in same_tree for i in project.importers_of(o)) and not (

@@ -7,8 +7,8 @@ there, and holds the rules whose verdict depends on the answer:
 * :class:`RankAnalysis` — per file: which functions run a collective (directly or through
   another function of the file), which create the process group, and which scopes run in
   every rank's process (a launcher's own code in the same file does not);
-* collectives under a rank guard (``GT009``, :func:`unpaired_collectives`), except the
-  "rank 0 goes first" barrier pair;
+* collectives under a rank guard (``GT009``; which of them pair up across ranks is
+  :mod:`~gpu_training.diagnostics.lint.paired_collectives`);
 * learning-rate and optimizer changes under a rank guard (``GT014``);
 * writes and logs that every rank makes (``GT007``, ``GT008``).
 
@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import ast
-from typing import NamedTuple
 
 from gpu_training.diagnostics.lint.branch_optimizers import built_in_branch
 from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, tail
@@ -60,7 +59,6 @@ from gpu_training.diagnostics.lint.temp_paths import private_temp_path
 from gpu_training.diagnostics.lint.trainer_callbacks import hook_methods
 
 __all__ = [
-    "GuardedCollective",
     "RankAnalysis",
     "every_rank_log",
     "every_rank_write",
@@ -68,7 +66,6 @@ __all__ = [
     "rank_dependent_assignments",
     "rank_dependent_update",
     "rank_in_value",
-    "unpaired_collectives",
 ]
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
@@ -118,6 +115,7 @@ class RankAnalysis:
         if distributed:
             self.group_creators, self.every_rank_scopes = self._distributed_scopes()
         self._collectives_cache: dict[int, frozenset[str]] = {}
+        self._creates: dict[int, bool] = {}  # id(statement) -> whether it makes the group
 
     def collective(self, call: ast.Call, scope: Scope) -> str | None:
         """The collective a call runs, itself or through a function of this file.
@@ -185,7 +183,19 @@ class RankAnalysis:
         return self._collectives_cache[key]
 
     def creates_group(self, stmts: list[ast.stmt]) -> bool:
-        """Whether ``stmts`` create the process group (directly or through this file's code)."""
+        """Whether ``stmts`` create the process group (directly or through this file's code);
+        each statement's answer kept (an ``if`` asks of its branches, and of the blocks around
+        it, for every ``if`` nested in it)."""
+        return any(self._statement_creates_group(s) for s in stmts)
+
+    def _statement_creates_group(self, stmt: ast.stmt) -> bool:
+        key = id(stmt)
+        found = self._creates.get(key)
+        if found is None:
+            found = self._creates[key] = self._creates_group([stmt])
+        return found
+
+    def _creates_group(self, stmts: list[ast.stmt]) -> bool:
         for node in iter_scope_nodes(stmts):
             if not isinstance(node, ast.Call):
                 continue
@@ -325,44 +335,6 @@ class RankAnalysis:
                     found.discard(node)
                     break
         return found
-
-
-class GuardedCollective(NamedTuple):
-    """A collective that runs under a rank guard of its own function (``GT009`` candidate)."""
-
-    call: ast.Call
-    collective: str
-    """Its name as reported by :meth:`RankAnalysis.collective`."""
-    side: str
-    """Which ranks reach it: ``"rank0"``, ``"others"`` (every rank but 0) or ``"some"``."""
-    where: ast.AST
-    """The scope (function or module) it is in."""
-
-
-def unpaired_collectives(guarded: list[GuardedCollective]) -> list[GuardedCollective]:
-    """``GT009``: the guarded collectives, except those that rank 0 and the others both reach.
-
-    ``if rank != 0: dist.barrier()`` ... ``if rank == 0: dist.barrier()`` is the classic
-    "rank 0 goes first" idiom (download, preprocess, then release the others): the two
-    barriers meet. Same function, same collective, as many calls on each side: paired.
-
-    Args:
-        guarded: Every collective found under a rank guard, in walk order.
-
-    Returns:
-        The ones to report.
-    """
-    sides: dict[tuple[int, str], dict[str, int]] = {}
-    for _, collective, side, where in guarded:
-        key = (id(where), collective.split("(")[0])
-        sides.setdefault(key, {"rank0": 0, "others": 0, "some": 0})[side] += 1
-    unpaired: list[GuardedCollective] = []
-    for entry in guarded:
-        count = sides[(id(entry.where), entry.collective.split("(")[0])]
-        if entry.side != "some" and count["rank0"] == count["others"]:
-            continue
-        unpaired.append(entry)
-    return unpaired
 
 
 # --- updates under a rank guard ---------------------------------------------------------------
