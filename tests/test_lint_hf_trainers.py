@@ -73,7 +73,7 @@ def test_trl_grpo_trainer_stepping_a_bf16_model_is_reported() -> None:
 def test_its_own_optimizer_or_another_family_is_not() -> None:
     handed = _GRPO.replace("train_dataset=ds)", "train_dataset=ds, optimizers=(opt, None))")
     assert _codes(handed, "GT019") == []
-    eight_bit = _GRPO.replace('bf16=True)', 'bf16=True, optim="adamw_bnb_8bit")')
+    eight_bit = _GRPO.replace("bf16=True)", 'bf16=True, optim="adamw_bnb_8bit")')
     assert _codes(eight_bit, "GT019") == []
 
 
