@@ -115,12 +115,7 @@ class _Index:
             for facts in project.linted.values()
             if not facts.path.startswith("<")
         }
-        strings = (
-            node.value
-            for facts in project.linted.values()
-            for node in facts.nodes
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        )
+        strings = (text for facts in project.linted.values() for text in _code_strings(facts))
         self.strings = "\0" + "\0".join(strings) + "\0"
         self._under: dict[Path, list[ModuleFacts]] | None = None
         self._trees: dict[tuple[Path, bool], list[ModuleFacts]] = {}
@@ -177,6 +172,17 @@ class _Index:
 
 
 _INDEXES: weakref.WeakKeyDictionary[Project, _Index] = weakref.WeakKeyDictionary()
+
+
+def _code_strings(facts: ModuleFacts) -> list[str]:
+    """The module's string constants, docstrings and other bare strings left out: a string
+    evaluated and dropped names no module (and docstrings were most of the index's text)."""
+    bare = {id(n.value) for n in facts.nodes if isinstance(n, ast.Expr)}
+    return [
+        n.value
+        for n in facts.nodes
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in bare
+    ]
 
 
 def _index(project: Project) -> _Index:
