@@ -99,3 +99,21 @@ def test_the_accumulate_context_keeps_it_quiet(tmp_path: Path) -> None:
     )
     (tmp_path / "train.py").write_text(train)
     assert [f for f in lint_paths([tmp_path]).findings if f.code == "GT013"] == []
+
+
+def test_an_accelerator_handed_straight_to_the_loop(tmp_path: Path) -> None:
+    """``main(init_accelerator(args), ...)``: never bound in the calling scope, still the
+    file's framework (only calls whose result is kept or handed on are asked what they
+    return, since asking every call was most of a large repository's lint time)."""
+    train = _TRAIN.replace(
+        "def main(args, model, loader):\n    acc = {helper}(args)\n",
+        "def main(acc, args, model, loader):\n",
+    )
+    train += "\n\ndef run(args, model, loader):\n    main({helper}(args), args, model, loader)\n"
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "utils.py").write_text(_HELPER)
+    (tmp_path / "train.py").write_text(
+        train.format(module="utils", helper="init_accelerator", prepare=_PREPARE)
+    )
+    findings = lint_paths([tmp_path]).findings
+    assert [f.line for f in findings if f.code == "GT013" and f.path.endswith("train.py")] == [11]

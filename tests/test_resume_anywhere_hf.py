@@ -6,7 +6,7 @@ dropout 0.1, and a Llama with a LoRA adapter (peft) on instruction data whose pr
 are masked (-100). Each pair trains 10 steps at the source layout (checkpoints at 5 and 10),
 loses its step-10 checkpoint (a kill after step 5), and resumes at the target layout; its
 step-10 weights must be within 1e-5 of the uninterrupted run at the target layout (the figures
-are in docs/checkpointing.md). ``make test`` runs the GPT-2 pairs (about 40 s on 2 cores);
+are in docs/checkpointing.md). ``make test`` runs the GPT-2 pairs (about 30 s on 2 cores);
 the LoRA pairs are marked ``matrix`` (``make test-matrix``).
 """
 

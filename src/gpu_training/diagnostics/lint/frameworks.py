@@ -55,18 +55,20 @@ def file_framework(tails: set[str], facts: ModuleFacts) -> str | None:
 
 
 def _bound_calls(facts: ModuleFacts) -> Iterator[ast.Call]:
-    """The calls whose result the file keeps (``accelerator = make_accelerator(cfg)``, ``with
-    helper() as fabric:``): only a kept object can be the file's framework, and asking every
-    other call what its helper returns summarised most of a large project's functions."""
+    """The calls whose result the file keeps or hands on (``accelerator = make_accelerator()``,
+    ``with helper() as fabric:``, ``train(make_accelerator(), model)``): only such an object
+    can be the file's framework, and asking every other call what its helper returns
+    summarised most of a large project's functions."""
     for node in facts.nodes:
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
-            value = node.value
+            values = [node.value]
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-            value = node.context_expr
+            values = [node.context_expr]
+        elif isinstance(node, ast.Call):
+            values = [*node.args, *(k.value for k in node.keywords)]
         else:
             continue
-        if isinstance(value, ast.Call):
-            yield value
+        yield from (v for v in values if isinstance(v, ast.Call))
 
 
 _FRAMEWORK_MODULES = ("accelerate", "lightning_fabric", "lightning.fabric", "lightning")
