@@ -99,7 +99,8 @@ def node_start(node: ast.AST) -> tuple[int, int]:
 
 
 def node_end(node: ast.AST) -> tuple[int, int]:
-    """Where a node ends: ``(line, col)``, as :func:`node_start` (0 when unknown)."""
+    """Where a node ends: ``(line, col)``, as :func:`node_start` (0 when unknown: a linted
+    module's expressions other than ``:=`` have no end, see :mod:`.positions`)."""
     return (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
 
 

@@ -265,6 +265,7 @@ class FileChecker:
         self.emit = True
         self._walk(self.entry)
         whole_file_rules(self)
+        self._expr_cache, self._ifexp_cache = {}, {}  # per expression: ~0.1 GB on diffusers
         return sorted(self.findings)
 
     def _walk(self, entry: dict[_Func, Ctx]) -> None:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from gpu_training.diagnostics.lint.answers import answers
 from gpu_training.diagnostics.lint.kind_calls import CALL_KINDS as _CALL_KINDS
 from gpu_training.diagnostics.lint.kind_calls import PASSTHROUGH_METHODS as _PASSTHROUGH_METHODS
+from gpu_training.diagnostics.lint.positions import compact
 from gpu_training.diagnostics.lint.rank_calls import RANK_CALLS, rank_call
 
 if TYPE_CHECKING:
@@ -215,6 +216,7 @@ class ModuleFacts:
         self.resolver = resolver
         self.nodes: list[ast.AST] = list(ast.walk(tree))
         """Every node of the module in :func:`ast.walk` order (walked once: the rules share it)."""
+        compact(self.nodes)  # an expression's end position goes: the trees are half the memory
         self.calls: list[ast.Call] = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.imports = Imports(tree, self.nodes)
         self.module_scope = Scope(tree, None)

@@ -253,9 +253,11 @@ class _Unparsable(Exception):
 
 
 def _findings(
-    raw: list[RawFinding], source: str, path: str, codes: frozenset[str]
+    raw: list[RawFinding],
+    noqa: dict[int, frozenset[str] | None],
+    path: str,
+    codes: frozenset[str],
 ) -> list[Finding]:
-    noqa = _noqa_lines(source)
     findings = []
     for found in raw:
         if found.code not in codes:
@@ -324,7 +326,7 @@ def lint_source(
     raw = check_project(project)[path]
     if isinstance(raw, str):
         raise LintError(f"{path}: {raw}")
-    return sorted(_findings(raw, source, path, codes))
+    return sorted(_findings(raw, _noqa_lines(source), path, codes))
 
 
 def collect_files(
@@ -435,7 +437,7 @@ def lint_paths(
     roots = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
     repositories = sorted({r for p in paths if (r := find_project_root(p)) is not None})
     project = Project([*roots, *repositories])
-    sources: dict[str, str] = {}
+    noqa: dict[str, dict[int, frozenset[str] | None]] = {}  # not the texts: 71 MB on diffusers
     errors: list[FileError] = []
     for file in files:
         name = str(file)
@@ -445,22 +447,22 @@ def lint_paths(
         except _Unparsable as err:
             errors.append(FileError(name, err.line, err.col, err.message))
             continue
-        sources[name] = source
+        noqa[name] = _noqa_lines(source)
     # context: what imports the linted files or defines their base classes (not reported)
     context_files(project, repositories, roots, include_tests=include_tests)
     findings: list[Finding] = []
     for name, raw in check_project(project).items():
-        if name not in sources:
+        if name not in noqa:
             continue
         if isinstance(raw, str):
             errors.append(FileError(name, 0, 0, raw))
-            del sources[name]
+            del noqa[name]
         else:
-            findings += _findings(raw, sources[name], name, codes)
+            findings += _findings(raw, noqa[name], name, codes)
     missing = sorted(
-        (name, module) for name in sources for module in unresolved(project, name, repositories)
+        (name, module) for name in noqa for module in unresolved(project, name, repositories)
     )
-    return LintReport(sorted(findings), len(sources), sorted(errors), missing)
+    return LintReport(sorted(findings), len(noqa), sorted(errors), missing)
 
 
 def exit_code(report: LintReport) -> int:

@@ -177,7 +177,8 @@ def check_tree(tree: ast.Module, path: str = "<string>") -> list[RawFinding]:
     """Every rule's findings in one parsed module, alone.
 
     Args:
-        tree: ``ast.parse`` of the file.
+        tree: ``ast.parse`` of the file (its expressions lose their end positions:
+            :func:`~gpu_training.diagnostics.lint.positions.compact`).
         path: Its path (imports of the project's modules next to it are followed).
 
     Returns:
