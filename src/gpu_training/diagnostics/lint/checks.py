@@ -85,7 +85,7 @@ from gpu_training.diagnostics.lint.mode_branches import groupless_side
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.node_writes import node_local_write, several_processes
 from gpu_training.diagnostics.lint.one_rank import single_rank
-from gpu_training.diagnostics.lint.paired_collectives import GuardedCollective
+from gpu_training.diagnostics.lint.paired_collectives import GuardedCollective, pairing_scope
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.rank0_first import rank0_first
 from gpu_training.diagnostics.lint.ranks import (
@@ -542,7 +542,7 @@ class FileChecker:
             if collective is not None and collective.split("(")[0] not in ctx.excused:
                 side = "rank0" if ctx.rank0 else "others" if ctx.others else "some"
                 self.guarded_collectives.append(
-                    GuardedCollective(call, collective, side, scope.node)
+                    GuardedCollective(call, collective, side, pairing_scope(scope.node, scope.cls))
                 )
             update = rank_dependent_update(call, scope, self.facts)
             if update is not None:

@@ -277,7 +277,10 @@ _TOP_CACHE: dict[tuple[Path, ...], frozenset[str]] = {}
 
 
 def _project_top_names(repositories: tuple[Path, ...]) -> frozenset[str]:
-    """The names of the packages and modules of the repositories (any depth, tests aside)."""
+    """The names the repositories' packages and modules can be imported by from the top (any
+    depth, tests aside): each one not inside a package, since a script's own directory or one
+    put on the path is not a package. A package's member is not (NeMo's
+    ``nemo/collections/tts/torch/`` is no ``torch``: ``import torch`` is not noted)."""
     cached = _TOP_CACHE.get(repositories)
     if cached is None:
         names: set[str] = set()
@@ -285,9 +288,15 @@ def _project_top_names(repositories: tuple[Path, ...]) -> frozenset[str]:
             files = python_files(repository)
             if len(files) > _MAX_PROJECT_FILES:
                 continue
+            packages: dict[Path, bool] = {}
             for file in files:
-                names.add(file.stem)
-                names.update(file.relative_to(repository).parts[:-1])
+                directory = repository
+                for part in file.relative_to(repository).parts:
+                    if directory not in packages:
+                        packages[directory] = (directory / "__init__.py").is_file()
+                    if directory == repository or not packages[directory]:
+                        names.add(part[:-3] if part.endswith(".py") else part)
+                    directory = directory / part
         names -= {"__init__", "src", "lib"}
         cached = _TOP_CACHE[repositories] = frozenset(names)
     return cached

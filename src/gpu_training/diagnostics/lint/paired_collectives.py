@@ -1,7 +1,9 @@
 """``GT009``: the collectives found under a rank guard, and which of them meet across ranks.
 
 ``if rank != 0: dist.barrier()`` ... ``if rank == 0: dist.barrier()`` is the classic "rank 0
-goes first" idiom: the two barriers meet, and neither is reported.
+goes first" idiom: the two barriers meet, and neither is reported. Written as a context
+manager class, the two halves are its ``__enter__`` and ``__exit__``, which every ``with`` runs
+both of: they pair as one function.
 
 Example:
     >>> import ast
@@ -20,7 +22,9 @@ from __future__ import annotations
 import ast
 from typing import NamedTuple
 
-__all__ = ["GuardedCollective", "unpaired_collectives"]
+__all__ = ["GuardedCollective", "pairing_scope", "unpaired_collectives"]
+
+_CONTEXT_HALVES = frozenset({"__enter__", "__exit__", "__aenter__", "__aexit__"})
 
 
 class GuardedCollective(NamedTuple):
@@ -32,7 +36,23 @@ class GuardedCollective(NamedTuple):
     side: str
     """Which ranks reach it: ``"rank0"``, ``"others"`` (every rank but 0) or ``"some"``."""
     where: ast.AST
-    """The scope (function or module) it is in."""
+    """Where its partner is looked for: its function or module (:func:`pairing_scope`)."""
+
+
+def pairing_scope(node: ast.AST, cls: ast.ClassDef | None) -> ast.AST:
+    """Where a guarded collective in ``node`` (a function or the module; ``cls``: the class
+    of a method) looks for the collective that meets it: its own function, or, for a context
+    manager's ``__enter__`` / ``__exit__``, their class (``if not self.first: barrier()`` on
+    entry, ``if self.first: barrier()`` on exit: a ``with`` runs both halves).
+
+    Example:
+        >>> cls = ast.parse("class First:\\n def __enter__(self): pass\\n def f(self): pass").body[0]
+        >>> [pairing_scope(method, cls) is cls for method in cls.body]
+        [True, False]
+    """
+    if cls is not None and getattr(node, "name", None) in _CONTEXT_HALVES:
+        return cls
+    return node
 
 
 def unpaired_collectives(guarded: list[GuardedCollective]) -> list[GuardedCollective]:
@@ -40,7 +60,9 @@ def unpaired_collectives(guarded: list[GuardedCollective]) -> list[GuardedCollec
 
     ``if rank != 0: dist.barrier()`` ... ``if rank == 0: dist.barrier()`` is the classic
     "rank 0 goes first" idiom (download, preprocess, then release the others): the two
-    barriers meet. Same function, same collective, as many calls on each side: paired.
+    barriers meet. Same function, same collective, as many calls on each side: paired. A
+    collective a helper reaches counts as the one it reaches (``if rank == 0: serve();
+    dist.broadcast(stop, 0)`` / ``else: model.follow()``, whose loop receives that broadcast).
 
     Args:
         guarded: Every collective found under a rank guard, in walk order.
@@ -50,12 +72,17 @@ def unpaired_collectives(guarded: list[GuardedCollective]) -> list[GuardedCollec
     """
     sides: dict[tuple[int, str], dict[str, int]] = {}
     for _, collective, side, where in guarded:
-        key = (id(where), collective.split("(")[0])
+        key = (id(where), _innermost(collective))
         sides.setdefault(key, {"rank0": 0, "others": 0, "some": 0})[side] += 1
     unpaired: list[GuardedCollective] = []
     for entry in guarded:
-        count = sides[(id(entry.where), entry.collective.split("(")[0])]
+        count = sides[(id(entry.where), _innermost(entry.collective))]
         if entry.side != "some" and count["rank0"] == count["others"]:
             continue
         unpaired.append(entry)
     return unpaired
+
+
+def _innermost(collective: str) -> str:
+    """``"follow() (serve.py:9), which calls broadcast (serve.py:12)"`` -> ``"broadcast"``."""
+    return collective.rsplit("which calls ", 1)[-1].split("(")[0].strip()

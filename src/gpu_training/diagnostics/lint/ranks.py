@@ -480,7 +480,9 @@ def _caller_decides(path: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
     if isinstance(default, ast.Constant) and isinstance(default.value, str):
         return False
     names = [a.arg for a in positional]
-    index = names.index(path.id) - (1 if names and names[0] in ("self", "cls") else 0)
+    index = -1  # keyword-only or `*args`: passed by keyword alone
+    if path.id in names:
+        index = names.index(path.id) - (1 if names and names[0] in ("self", "cls") else 0)
     passed: list[tuple[ModuleFacts, ast.expr | None, Scope]] = []
     for sub, where in facts.calls_of(func):
         value = keyword_arg(sub, path.id)

@@ -50,7 +50,8 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
 
     Returns:
         Path → its findings, sorted by position (before ``# noqa`` and ``--select``), or a
-        one-line reason when the file could not be analysed (nested too deeply).
+        one-line reason when the file could not be analysed (nested too deeply, or a defect
+        of the lint's own: :func:`_unanalysed`, so that one file does not stop the run).
     """
     merge_star_imports(project)  # `from utils import *` brings `mp` and `dist` too
     failed: dict[str, str] = {}
@@ -58,8 +59,8 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
     for path, facts in project.linted.items():
         try:
             checkers[path] = FileChecker(facts, project)
-        except RecursionError:
-            failed[path] = "nested too deeply to analyse"
+        except Exception as err:  # reported as the file's error
+            failed[path] = _unanalysed(err)
     importers = {
         path: [checkers[f.path] for f in project.importers_of(c.facts) if f.path in checkers]
         for path, c in checkers.items()
@@ -83,8 +84,8 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
         for path, checker in list(checkers.items()):
             try:
                 getattr(checker, step)()
-            except RecursionError:
-                failed[path] = "nested too deeply to analyse"
+            except Exception as err:  # reported as the file's error
+                failed[path] = _unanalysed(err)
                 del checkers[path]
 
     guarded("rebuild_ranks")
@@ -114,8 +115,8 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
     for path, checker in checkers.items():
         try:
             results[path] = checker.report()
-        except RecursionError:
-            results[path] = "nested too deeply to analyse"
+        except Exception as err:  # reported as the file's error
+            results[path] = _unanalysed(err)
     read_back = reading_back(prefix_loaders(project.linted.values()), project)
     for path, found in list(results.items()):  # their loaders read the `module.` keys back
         if path in read_back and not isinstance(found, str):
@@ -141,6 +142,14 @@ def check_project(project: Project) -> dict[str, list[RawFinding] | str]:
                 results[path] = sorted({*found, *extra})
     _drop_unrun(results, unrun)
     return results
+
+
+def _unanalysed(err: Exception) -> str:
+    """Why a file could not be analysed: too deep for the recursion, or a defect of the lint
+    (named, so that it can be reported; the other files are still linted)."""
+    if isinstance(err, RecursionError):
+        return "nested too deeply to analyse"
+    return f"the lint failed on this file ({type(err).__name__}: {err}): please report it"
 
 
 def _unrun_spans(
