@@ -53,6 +53,7 @@ from gpu_training.diagnostics.lint.model import (
     iter_scope_nodes,
 )
 from gpu_training.diagnostics.lint.node_paths import copied_to
+from gpu_training.diagnostics.lint.overwritten_parameters import overwritten_parameters
 from gpu_training.diagnostics.lint.pipeline_schedules import is_pipeline_schedule
 from gpu_training.diagnostics.lint.rank_values import rank_in_value
 from gpu_training.diagnostics.lint.temp_paths import private_temp_path
@@ -341,7 +342,8 @@ class RankAnalysis:
 
 
 def rank_dependent_update(call: ast.Call, scope: Scope, facts: ModuleFacts) -> str | None:
-    """``GT014`` for a call under a rank guard: does it change the LR or step an optimizer?
+    """``GT014`` for a call under a rank guard: does it change the LR, step an optimizer or
+    overwrite the trained weights (:mod:`.overwritten_parameters`)?
 
     Args:
         call: The call (under a rank guard of its own function).
@@ -361,6 +363,8 @@ def rank_dependent_update(call: ast.Call, scope: Scope, facts: ModuleFacts) -> s
         "format",
     ):
         return None if displayed_only(call, facts) else f"{last}()"
+    if method == "copy_to":  # `ema.copy_to(model.parameters())` on rank 0, mid-training
+        return overwritten_parameters(call, facts)
     if method != "step":
         return None
     assert isinstance(call.func, ast.Attribute)

@@ -303,13 +303,18 @@ _RULE_LIST = [
     _rule(
         "GT014",
         "rank-dependent-update",
-        "learning rate or optimizer state changed on some ranks only: the replicas diverge",
+        "learning rate, optimizer state or weights changed on some ranks only: the replicas diverge",
         """"if rank == 0: adjust_learning_rate(optimizer, epoch) - at next step, rank 0 has
         different lr than others. Divergence in training!" The same holds for a scheduler or
         optimizer step taken under a rank check: DDP keeps gradients in sync, not what each
-        rank does with them.""",
+        rank does with them. And for the weights themselves: DDP broadcasts them once, when it
+        wraps the model, so `if is_main: ema.copy_to(model.parameters())` inside the training
+        loop (EMA weights put in for a validation and never restored) leaves rank 0 training
+        other weights than the rest for the whole run.""",
         """Run schedulers, LR changes and optimizer steps on every rank; if the value comes from
-        rank 0, broadcast it first (dist.broadcast_object_list).""",
+        rank 0, broadcast it first (dist.broadcast_object_list). Put the trained weights back
+        after an EMA validation (ema.store(params); ema.copy_to(params); ...;
+        ema.restore(params)), or evaluate a copy.""",
         ("patterns", "Common Pitfall: Rank 0 Behaves Differently"),
     ),
     _rule(
