@@ -41,6 +41,7 @@ from gpu_training.diagnostics.lint.summary import Summary
 __all__ = [
     "hands_loader_on",
     "iterates_loader",
+    "loop_trains",
     "loops_without_set_epoch",
     "prepared_by_accelerate",
     "shuffling_sampler",
@@ -184,7 +185,7 @@ def loops_without_set_epoch(
         kept = [
             loop
             for loop in dict.fromkeys(epoch_loops)
-            if _loop_trains(facts, loop) or _passes_over_project_loader(facts, loop)
+            if loop_trains(facts, loop) or _passes_over_project_loader(facts, loop)
         ]
         inner = {id(n) for loop in kept for n in ast.walk(loop) if n is not loop}
         return [loop for loop in kept if id(loop) not in inner]  # the batch loop inside: one
@@ -269,8 +270,8 @@ def _passes_over_project_loader(facts: ModuleFacts, loop: ast.stmt) -> bool:
     return False
 
 
-def _loop_trains(facts: ModuleFacts, loop: ast.stmt) -> bool:
-    """An epoch loop that runs a backward, itself or through a function of the project."""
+def loop_trains(facts: ModuleFacts, loop: ast.stmt) -> bool:
+    """A loop that runs a backward, itself or through a function of the project it calls."""
     return any(
         isinstance(node, ast.Call)
         and (_is_backward(node) or any(s.trains for s in facts.summaries(node)))
@@ -289,7 +290,7 @@ def _iterates_own_loader(facts: ModuleFacts, func: ast.AST) -> bool:
         isinstance(node, (ast.For, ast.AsyncFor))
         and (dotted(_held_source(node.iter, scope, facts)) or "").startswith("self.")
         and not EVAL_NAME.search(tail(dotted(_held_source(node.iter, scope, facts))))
-        and (iterates_loader(node.iter, scope, facts) or _trains(facts, node))
+        and (iterates_loader(node.iter, scope, facts) or loop_trains(facts, node))
         for node in iter_scope_nodes(func.body)
     )
 
@@ -315,15 +316,6 @@ def _wrapped_source(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> ast.exp
     if not (isinstance(value, ast.Call) and value.args and tail(dotted(value.func)) in _WRAPPERS):
         return None
     return _loop_source(value)
-
-
-def _trains(facts: ModuleFacts, loop: ast.For | ast.AsyncFor) -> bool:
-    """The loop backpropagates, itself or through a function of the project it calls."""
-    return any(
-        isinstance(node, ast.Call)
-        and (_is_backward(node) or any(s.trains for s in facts.summaries(node)))
-        for node in iter_scope_nodes(loop.body)
-    )
 
 
 def _counted(expr: ast.expr) -> ast.expr | None:

@@ -8,9 +8,10 @@ measured on held-back set 24 (``benchmarks/lint_heldout24_truth.csv``): at each 
 ``if accelerator.is_main_process: ... ema_unet.copy_to(unet.parameters())`` copies the EMA
 weights into rank 0's training UNet (three scripts of one repository, launched on 8 GPUs).
 
-Reported: ``ema.copy_to(model.parameters())`` under a rank guard, inside a loop that trains (a ``backward`` in it), unless the same block puts the
-weights back (``ema.restore(model.parameters())``, diffusers' store / copy_to / restore for a
-validation with the EMA weights). After the loop (the usual "save the EMA weights at the end")
+Reported: ``ema.copy_to(model.parameters())`` under a rank guard, inside a loop that trains
+(:func:`~gpu_training.diagnostics.lint.epochs.loop_trains`), unless a later statement of a
+block of that loop holding it puts the weights back (``ema.restore(model.parameters())``,
+diffusers' store / copy_to / restore for a validation with the EMA weights). After the loop (the usual "save the EMA weights at the end")
 nothing trains any more, and nothing is reported.
 
 Example:
@@ -32,7 +33,8 @@ from __future__ import annotations
 
 import ast
 
-from gpu_training.diagnostics.lint.calls import parents
+from gpu_training.diagnostics.lint.calls import enclosing_blocks, parents
+from gpu_training.diagnostics.lint.epochs import loop_trains
 from gpu_training.diagnostics.lint.model import ModuleFacts, dotted
 
 __all__ = ["overwritten_parameters"]
@@ -54,12 +56,15 @@ def overwritten_parameters(call: ast.Call, facts: ModuleFacts) -> str | None:
     if model is None:
         return None
     held = parents(facts)
-    node: ast.AST | None = held.get(id(call))
-    while node is not None and not isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+    loop: ast.AST | None = held.get(id(call))
+    while loop is not None and not isinstance(loop, (ast.For, ast.AsyncFor, ast.While)):
+        if isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return None  # not in a loop of its own function
-        node = held.get(id(node))
-    if node is None or not _trains(node) or _put_back(call, model, held):
+        loop = held.get(id(loop))
+    if loop is None or not loop_trains(facts, loop):
+        return None
+    blocks = enclosing_blocks(getattr(loop, "body", []), call)
+    if any(_restores(later, model) for block, at in blocks for later in block[at + 1 :]):
         return None
     receiver = dotted(call.func.value) or "ema"
     return f"{receiver}.copy_to({model}.parameters()) mid-training"
@@ -74,36 +79,15 @@ def _overwritten_model(call: ast.Call) -> str | None:
     return models[0] if models else None
 
 
-def _trains(loop: ast.AST) -> bool:
+def _restores(stmt: ast.stmt, model: str) -> bool:
+    """``ema.restore(model.parameters())`` in the statement."""
     return any(
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "backward"
-        for node in ast.walk(loop)
+        isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Attribute)
+        and sub.func.attr == "restore"
+        and model in _parameter_owners(sub)
+        for sub in ast.walk(stmt)
     )
-
-
-def _put_back(call: ast.Call, model: str, held: dict[int, ast.AST]) -> bool:
-    """``ema.restore(model.parameters())`` later in a block that holds the call."""
-    node: ast.AST = call
-    while (parent := held.get(id(node))) is not None:
-        for block in ("body", "orelse", "finalbody"):
-            statements = getattr(parent, block, None)
-            if not isinstance(statements, list) or node not in statements:
-                continue
-            for later in statements[statements.index(node) + 1 :]:
-                for sub in ast.walk(later):
-                    if (
-                        isinstance(sub, ast.Call)
-                        and isinstance(sub.func, ast.Attribute)
-                        and sub.func.attr == "restore"
-                        and model in _parameter_owners(sub)
-                    ):
-                        return True
-        if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)):
-            return False
-        node = parent
-    return False
 
 
 def _parameter_owners(call: ast.Call) -> list[str]:
