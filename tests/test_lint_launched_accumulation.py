@@ -5,7 +5,10 @@ above 1. When every shell script of the repository that runs the file passes the
 ``1``, the shipped runs step on every micro-batch: no window, nothing for ``no_sync()`` to
 save. A script that passes another value, or none that passes the flag, keeps the finding.
 Minimal reproductions written here (issue 33, set 14: diffusion training scripts launched
-with ``--gradient_accumulation_steps 1``).
+with ``--gradient_accumulation_steps 1``). So does a config field that defaults to 1 and that
+no script, document or config of the repository names (set 24: a robot-policy fine-tuning
+script whose documented launches never set ``grad_accumulation_steps``); a default above 1, a
+README or config that sets it, or the run assigning it (a sweep) keeps the finding.
 """
 
 from __future__ import annotations
@@ -119,3 +122,66 @@ def test_a_script_that_accumulates_keeps_gt013(tmp_path: Path) -> None:
 
 def test_no_script_passing_the_flag_keeps_gt013(tmp_path: Path) -> None:
     assert "GT013" in _codes(tmp_path, _DDP, {"run.sh": "torchrun --nproc_per_node 8 train.py\n"})
+
+
+_CONFIGURED = """\
+from dataclasses import dataclass
+
+import draccus
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+@dataclass
+class FinetuneConfig:
+    batch_size: int = 8
+    grad_accumulation_steps: int = 1
+
+
+@draccus.wrap()
+def finetune(cfg: FinetuneConfig) -> None:
+    dist.init_process_group("nccl")
+    rank = dist.get_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(rank)
+    net = DDP(torch.nn.Linear(4, 4).cuda(), device_ids=[rank])
+    opt = torch.optim.AdamW(net.parameters())
+    for batch_idx, batch in enumerate([torch.randn(8, 4)] * 16):
+        (net(batch.cuda()).sum() / cfg.grad_accumulation_steps).backward()
+        if (batch_idx + 1) % cfg.grad_accumulation_steps == 0:
+            opt.step()
+            opt.zero_grad()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    finetune()
+"""
+
+
+def test_a_default_of_one_that_nothing_sets_is_not_gt013(tmp_path: Path) -> None:
+    docs = {"README.md": "torchrun --nproc-per-node 8 train.py --batch_size 4\n"}
+    assert "GT013" not in _codes(tmp_path, _CONFIGURED, docs)
+
+
+@pytest.mark.parametrize(
+    ("source", "files"),
+    [
+        (_CONFIGURED, {"README.md": "torchrun train.py --grad_accumulation_steps 4\n"}),
+        (_CONFIGURED, {"configs/large.yaml": "grad_accumulation_steps: 16\n"}),
+        (_CONFIGURED.replace("steps: int = 1", "steps: int = 4"), {}),
+        (
+            _CONFIGURED.replace(
+                "    dist.init_process_group",
+                "    cfg.grad_accumulation_steps = sweep.grad_accumulation_steps\n"
+                "    dist.init_process_group",
+            ),
+            {},
+        ),
+    ],
+    ids=["readme_sets_it", "config_sets_it", "default_four", "sweep_sets_it"],
+)
+def test_a_count_a_run_may_set_keeps_gt013(
+    tmp_path: Path, source: str, files: dict[str, str]
+) -> None:
+    assert "GT013" in _codes(tmp_path, source, files)

@@ -273,7 +273,7 @@ def _made_by(facts: ModuleFacts, func: ast.expr, depth: int) -> dict[int | None,
     for module, callee in resolver.callees(facts, func):
         scope = module.scope_of(callee)
         if callee.name == "__init__" and scope.cls is not None:
-            cast = _self_cast(module, callee)
+            cast = _self_cast(module, callee) or _built_in_bf16(module, callee, depth)
             if cast is not None:
                 made.setdefault(None, cast)
             continue
@@ -290,6 +290,33 @@ def _self_cast(module: ModuleFacts, init: ast.AST) -> str | None:
         if converted is not None and converted[0] == "bfloat16" and dotted(converted[1]) == "self":
             return f"bfloat16 in its __init__ ({_place(module, call)})"
     return None
+
+
+def _built_in_bf16(module: ModuleFacts, func: ast.AST, depth: int) -> str | None:
+    """Where a constructor (or a project helper or class it calls) builds its layers in
+    bfloat16: ``nn.Linear(d, d, dtype=torch.bfloat16)``, ``nn.Parameter(torch.randn(n,
+    dtype=torch.bfloat16))`` — the object's own parameters are bf16 from the start."""
+    for call in (n for n in module.scope_nodes.get(func, []) if isinstance(n, ast.Call)):
+        origin = module.imports.resolve(dotted(call.func)) or ""
+        if origin.startswith("torch.nn.") and _makes_bf16(call, module):
+            return f"layers built in bfloat16 ({_place(module, call)})"
+        if depth < _MAX_DEPTH and module.resolver is not None and not origin.startswith("torch"):
+            for inner, callee in module.callees(call):
+                if callee is not func:
+                    found = _built_in_bf16(inner, callee, depth + 1)
+                    if found is not None:
+                        return found
+    return None
+
+
+def _makes_bf16(call: ast.Call, module: ModuleFacts) -> bool:
+    """``nn.Linear(..., dtype=bf16)`` or ``nn.Parameter(torch.zeros(..., dtype=bf16))``."""
+    if dtype_of(keyword_arg(call, "dtype"), module) == "bfloat16":
+        return True
+    return any(
+        isinstance(arg, ast.Call) and dtype_of(keyword_arg(arg, "dtype"), module) == "bfloat16"
+        for arg in call.args[:1]
+    )
 
 
 def _returned(module: ModuleFacts, func: ast.AST, depth: int) -> dict[int | None, str]:

@@ -29,6 +29,7 @@ __all__ = [
     "enclosing_blocks",
     "has_main_block",
     "is_const",
+    "is_literal",
     "is_main_block",
     "keyword_arg",
     "node_end",
@@ -43,6 +44,13 @@ __all__ = [
 def tail(name: str | None) -> str:
     """The last part of a dotted name (``""`` for None): ``"torch.save"`` → ``"save"``."""
     return "" if name is None else name.rsplit(".", 1)[-1]
+
+
+def is_literal(expr: ast.expr) -> bool:
+    """A constant, or a negated one: ``-1``, ``"main"``, ``not True``."""
+    if isinstance(expr, ast.UnaryOp):
+        return is_literal(expr.operand)
+    return isinstance(expr, ast.Constant)
 
 
 def keyword_arg(call: ast.Call, name: str) -> ast.expr | None:

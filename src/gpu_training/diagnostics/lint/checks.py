@@ -52,7 +52,6 @@ from gpu_training.diagnostics.lint.context import (
     Ctx,
     RawFinding,
     ends_program,
-    entry_context,
     none_tested,
     terminates,
 )
@@ -80,6 +79,7 @@ from gpu_training.diagnostics.lint.guards import (
 )
 from gpu_training.diagnostics.lint.hf_launch import hf_every_process
 from gpu_training.diagnostics.lint.lightning import lightning_launch
+from gpu_training.diagnostics.lint.lone_callers import entry_or_alone
 from gpu_training.diagnostics.lint.micro_batches import named_anywhere
 from gpu_training.diagnostics.lint.mode_branches import groupless_side
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -290,7 +290,7 @@ class FileChecker:
             local = "local" in decorator.lower()
             return Ctx(rank0=True, local_only=local, guard=f"@{decorator} (line {func.lineno})")
         external = [c for c, _ in self.external_sites.get(id(func), [])]
-        return entry_context(self.call_sites.get(func, []) + external, func.name)
+        return entry_or_alone(self.facts, func, self.call_sites.get(func, []) + external)
 
     def add(self, node: ast.AST, code: str, detail: str = "") -> None:
         if self.emit:

@@ -59,6 +59,7 @@ from gpu_training.diagnostics.lint.model import (
 from gpu_training.diagnostics.lint.node_flags import value_scope
 from gpu_training.diagnostics.lint.rank_calls import rank_call
 from gpu_training.diagnostics.lint.rank_flags import switched_off_elsewhere
+from gpu_training.diagnostics.lint.rank_name_loops import looped_rank_names
 from gpu_training.diagnostics.lint.switches import MULTI, SINGLE, switch_test, world_size_test
 
 __all__ = [
@@ -447,6 +448,8 @@ def rank_derived(facts: ModuleFacts, expr: ast.AST, scope: Scope, depth: int = 0
             return False
         values = facts.lookup(key, scope, _start(expr))
         if values == [None] and isinstance(expr, ast.Name):
+            if looped_rank_names(facts, expr, scope):
+                return True  # `for k in ("RANK", "LOCAL_RANK"): ... os.environ.get(k)`
             return _parameter_gets_rank(facts, expr.id, scope, depth)
         own = key.startswith("self.")  # a value of `self.x = ...` lives in its method
         return any(

@@ -4,8 +4,11 @@
 ``if (i + 1) % args.gradient_accumulation_steps == 0:`` accumulates only when that flag is
 above 1. When every shell script of the repository that runs the file passes the flag, and
 passes it as ``1`` (``--gradient_accumulation_steps 1``), the runs the repository ships step
-on every micro-batch: there is nothing for ``no_sync()`` to save. A script that passes any
-other value, or no script that passes the flag at all, keeps the finding.
+on every micro-batch: there is nothing for ``no_sync()`` to save. So do they when the file
+declares the flag with the default ``1`` (``grad_accumulation_steps: int = 1`` in its config
+class) and no script, document or config of the repository names it. A script that passes any
+other value, a default above 1 that no script overrides, or a flag a README mentions keeps the
+finding.
 
 Example:
     >>> import ast, tempfile
@@ -30,7 +33,7 @@ import re
 from gpu_training.diagnostics.lint.model import ModuleFacts, iter_scope_nodes
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
-__all__ = ["launched_without_accumulation"]
+__all__ = ["launched_without_accumulation", "spelled_flag"]
 
 
 def launched_without_accumulation(facts: ModuleFacts, loop: ast.stmt) -> bool:
@@ -59,16 +62,56 @@ def launched_without_accumulation(facts: ModuleFacts, loop: ast.stmt) -> bool:
     if not flags:
         return False
     script = os.path.basename(facts.path)
+    root = repository_of(os.path.abspath(facts.path))
     texts = [
         text.replace("\\\n", " ")
-        for _, text in text_files(repository_of(os.path.abspath(facts.path)), (".sh", ".bash"))
+        for _, text in text_files(root, (".sh", ".bash"))
         if script in text
     ]
-    return all(_always_one(texts, flag) for flag in flags)
+    return all(
+        _always_one(texts, flag) or (_default_one(facts, flag) and not _mentioned(root, flag))
+        for flag in flags
+    )
+
+
+def _default_one(facts: ModuleFacts, flag: str) -> bool:
+    """The file declares the flag with the default ``1``: ``add_argument("--flag", ...,
+    default=1)`` or a config class's field ``flag: int = 1``, with no other default and no
+    ``args.flag = ...`` (a sweep that sets it)."""
+    defaults: list[object] = []
+    for node in facts.nodes:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == flag for t in node.targets
+        ):
+            return False  # `args.flag = wandb.config.flag`: set by the run, not the default
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.target.id == flag and isinstance(node.value, ast.Constant):
+                defaults.append(node.value.value)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+            and any(
+                isinstance(a, ast.Constant)
+                and isinstance(a.value, str)
+                and a.value.lstrip("-").replace("-", "_") == flag
+                for a in node.args
+            )
+        ):
+            given = [k.value for k in node.keywords if k.arg == "default"]
+            defaults += [g.value if isinstance(g, ast.Constant) else None for g in given]
+    return bool(defaults) and all(d == 1 and d is not True for d in defaults)
+
+
+def _mentioned(root: str, flag: str) -> bool:
+    """Any script, document or config of the repository names the flag (a run may set it)."""
+    spelled = re.compile(spelled_flag(flag))
+    suffixes = (".sh", ".bash", ".md", ".rst", ".txt", ".yaml", ".yml", ".json", ".toml", ".cfg")
+    return any(spelled.search(text) for _, text in text_files(root, suffixes))
 
 
 def _always_one(texts: list[str], flag: str) -> bool:
-    spelled = "[-_]".join(re.escape(part) for part in flag.split("_"))
+    spelled = spelled_flag(flag)
     pattern = re.compile(rf"--{spelled}(?:=|\s+)(\S+)")
     values = [m.group(1).strip("\"'") for text in texts for m in pattern.finditer(text)]
     return bool(values) and all(v == "1" for v in values)
@@ -85,3 +128,9 @@ def _steps(test: ast.If) -> bool:
         ):
             return True
     return False
+
+
+def spelled_flag(flag: str) -> str:
+    """A regular expression for a flag's name as a command line writes it: ``grad_accum``
+    matches ``grad_accum`` and ``grad-accum``."""
+    return "[-_]".join(re.escape(part) for part in flag.split("_"))

@@ -31,6 +31,7 @@ from gpu_training.diagnostics.lint.model import (
 from gpu_training.diagnostics.lint.node_flags import switch_locality
 from gpu_training.diagnostics.lint.passed_locality import passed_locality
 from gpu_training.diagnostics.lint.rank_calls import rank_call
+from gpu_training.diagnostics.lint.rank_name_loops import looped_rank_names
 
 __all__ = ["CURRENT_DEVICE", "FLAG_NAMES", "guard_locality", "rank_zero_decorator"]
 
@@ -175,6 +176,8 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             if switched is not None:
                 return switched  # `self.print = True` under `if local_rank == 0:`
         elif every and isinstance(node, ast.Name):
+            if names := looped_rank_names(facts, node, scope):
+                return _leaf_locality(facts, names[0], scope, depth)  # the first one set
             passed = passed_locality(facts, node.id, scope, depth, guard_locality)
             if passed is not None:
                 return passed  # `def __init__(self, rank)`, every caller passing LOCAL_RANK

@@ -53,7 +53,8 @@ _METADATA = frozenset({"config", "shape", "dtype", "device"})  # a module's, not
 
 def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0) -> set[str]:
     """The names an expression reads, through the names it reads (``groups = [{"params":
-    model.parameters()}]``; ``AdamW(groups)`` reads ``model``)."""
+    model.parameters()}]``; ``AdamW(groups)`` reads ``model``), and what is added to them
+    (``params += list(decoder.parameters())``)."""
     found: set[str] = set()
     for node in _reads(expr):
         if isinstance(node, (ast.Name, ast.Attribute)):
@@ -62,9 +63,25 @@ def _mentioned(expr: ast.expr, facts: ModuleFacts, scope: Scope, depth: int = 0)
                 continue
             found.add(key)
             if (isinstance(node, ast.Name) or key.startswith("self.")) and depth < 3:
-                for value in facts.lookup(key, scope, (node.lineno, node.col_offset)):
+                at = (node.lineno, node.col_offset)
+                values = facts.lookup(key, scope, at) + _augmented(facts, key, scope, at)
+                for value in values:
                     if value is not None and value is not expr:
                         found |= _mentioned(value, facts, scope, depth + 1)
+    return found
+
+
+def _augmented(
+    facts: ModuleFacts, key: str, scope: Scope, at: tuple[int, int]
+) -> list[ast.expr | None]:
+    """What ``params += list(head.parameters())`` adds to a name before ``at``, and what the
+    name held before each such line (a binding reads as unknown past an augmented one)."""
+    found: list[ast.expr | None] = []
+    for node in facts.scope_nodes.get(scope.node, []):
+        if isinstance(node, ast.AugAssign) and dotted(node.target) == key:
+            where = (node.lineno, node.col_offset)
+            if where < at:
+                found += [node.value, *facts.lookup(key, scope, where)]
     return found
 
 

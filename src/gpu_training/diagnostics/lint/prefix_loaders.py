@@ -6,8 +6,10 @@ removes that prefix before ``load_state_dict`` (``{k.replace("module.", ""): v .
 ``k[7:]``, ``k.removeprefix("module.")``, torch's ``consume_prefix_in_state_dict_if_present(sd,
 "module.")``), the checkpoints it writes are read back by its inference and resume paths:
 the failure the rule describes does not happen in that project, so its saves are not
-reported. A prefix stripped in a function (or module body) that never calls
-``load_state_dict`` does not count, nor a loader the saving file does not reach: the saving
+reported. The prefix may be stripped by a helper the loader calls for the state it loads
+(``model.load_state_dict(load_checkpoint(...))`` where ``load_checkpoint`` returns
+``remove_ddp_in_checkpoint(torch.load(path))``). A prefix stripped in a function (or module
+body) that no loader calls does not count, nor a loader the saving file does not reach: the saving
 file must be the loader's or import it (through at most three modules), so that the code path
 writing the checkpoint is the one that reads it back; a stand-alone deploy script that strips
 the prefix speaks for itself only.
@@ -40,6 +42,9 @@ _STRIPPERS = frozenset(
 )
 _PREFIX_LEN = len("module.")
 _MAX_IMPORT_HOPS = 3
+_MAX_HELPER_HOPS = 2
+"""``load_checkpoint`` → ``remove_ddp_in_checkpoint``: the helpers followed from a loader."""
+_NOT_HELPERS = frozenset({"load_state_dict", "load", "print"})
 
 
 def prefix_loaders(modules: Iterable[ModuleFacts]) -> list[ModuleFacts]:
@@ -58,10 +63,29 @@ def prefix_loaders(modules: Iterable[ModuleFacts]) -> list[ModuleFacts]:
             calls = [n for n in nodes if isinstance(n, ast.Call)]
             if not any(tail(call_name(c, facts.imports)) == "load_state_dict" for c in calls):
                 continue
-            if any(_strips(node, facts) for node in nodes):
+            if any(_strips(node, facts) for node in nodes) or any(
+                _calls_stripper(facts, c, _MAX_HELPER_HOPS) for c in calls
+            ):
                 found.append(facts)
                 break
     return found
+
+
+def _calls_stripper(facts: ModuleFacts, call: ast.Call, hops: int) -> bool:
+    """The call runs a function of the project that strips the prefix from what it returns
+    (``load_checkpoint(...)`` returning ``remove_ddp_in_checkpoint(torch.load(...))``), through
+    at most ``hops`` helpers."""
+    if tail(call_name(call, facts.imports)) in _NOT_HELPERS:
+        return False
+    for owner, func in facts.callees(call):
+        nodes = owner.scope_nodes.get(func, [])
+        if any(_strips(node, owner) for node in nodes):
+            return True
+        if hops > 1 and any(
+            _calls_stripper(owner, c, hops - 1) for c in nodes if isinstance(c, ast.Call)
+        ):
+            return True
+    return False
 
 
 def reading_back(loaders: list[ModuleFacts], project: Project) -> set[str]:
@@ -86,7 +110,8 @@ def reading_back(loaders: list[ModuleFacts], project: Project) -> set[str]:
 
 
 def _strips(node: ast.AST, facts: ModuleFacts) -> bool:
-    """``k.replace("module.", "")`` and kin, or the slice ``k[7:]`` past the prefix."""
+    """``k.replace("module.", "")`` and kin, or the slice ``k[7:]`` (``k[len("module."):]``)
+    past the prefix."""
     if isinstance(node, ast.Call) and tail(call_name(node, facts.imports)) in _STRIPPERS:
         return any(
             isinstance(a, ast.Constant)
@@ -97,9 +122,20 @@ def _strips(node: ast.AST, facts: ModuleFacts) -> bool:
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
         lower = node.slice.lower
         return (
-            isinstance(lower, ast.Constant)
-            and lower.value == _PREFIX_LEN
+            ((isinstance(lower, ast.Constant) and lower.value == _PREFIX_LEN) or _prefix_len(lower))
             and node.slice.upper is None
             and isinstance(node.value, ast.Name)
         )
     return False
+
+
+def _prefix_len(expr: ast.expr | None) -> bool:
+    """``len("module.")``."""
+    return (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Name)
+        and expr.func.id == "len"
+        and len(expr.args) == 1
+        and isinstance(expr.args[0], ast.Constant)
+        and expr.args[0].value == "module."
+    )

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpu_training.diagnostics.lint.answers import uncached
-from gpu_training.diagnostics.lint.calls import tail
+from gpu_training.diagnostics.lint.calls import is_literal, tail
 from gpu_training.diagnostics.lint.collectives import DIST_SETUP_CALLS, direct_collective
 from gpu_training.diagnostics.lint.epochs import shuffling_sampler
 from gpu_training.diagnostics.lint.flag_returns import flag_expression
@@ -453,14 +453,15 @@ def _summarise(project: Project, facts: ModuleFacts, func: ast.AST) -> Summary:
             returns = [computed]
     guards = [(v, classify_guard(facts, v, scope)) for v in returns]
     rank0 = [v for v, kind in guards if kind == GUARD_RANK0]
-    constant = [v for v, kind in guards if isinstance(v, ast.Constant)]
+    constant = [v for v in returns if is_literal(v)]  # `return -1` too
     if rank0 and len(rank0) + len(constant) == len(returns):
         local = all(guard_locality(facts, v, scope) == "local" for v in rank0)
         flags = replace(flags, rank0=True, local=local)
     single = [v for v, kind in guards if kind is None and single_process(facts, v, scope)]
     if single and len(single) + len(constant) == len(returns):
         flags = replace(flags, single=True)
-    values = [v for v in returns if not isinstance(v, (ast.Compare, ast.BoolOp, ast.Constant))]
+    values = [v for v in returns if v not in constant]
+    values = [v for v in values if not isinstance(v, ast.Compare | ast.BoolOp)]
     returns_rank = values and len(values) + len(constant) == len(returns)
     if returns_rank and all(rank_derived(facts, v, scope) for v in values):
         where = {guard_locality(facts, v, scope) for v in values}

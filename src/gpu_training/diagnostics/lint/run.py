@@ -25,6 +25,7 @@ from gpu_training.diagnostics.lint.context import Ctx, RawFinding
 from gpu_training.diagnostics.lint.dead_code import dead_spans
 from gpu_training.diagnostics.lint.helper_collectives import call_site_collectives
 from gpu_training.diagnostics.lint.helper_writes import call_site_writes
+from gpu_training.diagnostics.lint.launched_switches import launched_switch_spans
 from gpu_training.diagnostics.lint.node_writes import call_site_node_writes
 from gpu_training.diagnostics.lint.orphan_modules import orphan_module, unrun_spans
 from gpu_training.diagnostics.lint.overridden_methods import GROUP_PREMISED, single_process_methods
@@ -156,8 +157,9 @@ def _unrun_spans(
     project: Project, results: dict[str, list[RawFinding] | str]
 ) -> dict[str, list[tuple[float, float]]]:
     """The lines of each linted file that never run: below a top-level import that fails, the
-    functions of a module nothing imports or runs, below a certain ``NameError``, and the
-    functions, classes and methods no running code reaches."""
+    functions of a module nothing imports or runs, below a certain ``NameError``, the branches
+    every shipped launch switches off, and the functions, classes and methods no running code
+    reaches."""
     spans: dict[str, list[tuple[float, float]]] = {}
     for path in results:
         facts = project.linted[path]
@@ -167,6 +169,7 @@ def _unrun_spans(
         elif orphan_module(project, facts):
             spans.setdefault(path, []).extend(unrun_spans(facts))
         spans.setdefault(path, []).extend(raising_spans(facts))
+        spans[path].extend(launched_switch_spans(facts))  # `else:` of a switch every run sets
     for path, unreached in dead_spans(project).items():
         spans.setdefault(path, []).extend(unreached)
     return spans

@@ -57,6 +57,7 @@ from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
 from gpu_training.diagnostics.lint.splatted import splatted_keywords
 from gpu_training.diagnostics.lint.state_saves import passed_at, state_dict_calls
 from gpu_training.diagnostics.lint.unread import places_nothing
+from gpu_training.diagnostics.lint.wrapper_tests import unwrapped_here
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 
@@ -312,7 +313,9 @@ class SetupRules:
             exprs += [v for v in lookup if v is not None]
         for node in state_dict_calls(exprs):
             owner = node.func.value  # type: ignore[attr-defined]
-            if is_ddp_wrapper(self.facts, owner, scope):
+            if is_ddp_wrapper(self.facts, owner, scope) and not unwrapped_here(
+                self.facts, node, owner
+            ):
                 self.report(node, "GT006", f"{ast.unparse(owner)} is the DDP wrapper")
 
     def _returned_wrapper_state(self, call: ast.Call, scope: Scope) -> None:

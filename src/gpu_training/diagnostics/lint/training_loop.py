@@ -304,7 +304,9 @@ class LoopAnalysis:
                 if any(tail(dotted(t)) == "require_backward_grad_sync" for t in targets):
                     result = False  # nanoGPT's manual switch: the author handles the sync
                     break
-            if isinstance(node, ast.If) and _is_accumulation_test(node.test):
+            if isinstance(node, ast.If) and (
+                _is_accumulation_test(node.test) or _is_counter_boundary(node, body)
+            ):
                 for sub in iter_scope_nodes(node.body):
                     if self._is_optimizer_step(sub, scope):
                         result = True
@@ -470,6 +472,45 @@ def _is_accumulation_test(test: ast.expr) -> bool:
         if name is not None and ("accum" in name.lower() or "boundary" in name.lower()):
             return True
     return False
+
+
+def _is_counter_boundary(branch: ast.If, loop_body: list[ast.stmt]) -> bool:
+    """``if count == 8: ...; count = 0`` with ``count += 1`` in the loop: a counter of
+    micro-batches the branch resets, true once every N iterations (N a name, or a constant
+    above 1), the way a modulo test is."""
+    test = branch.test
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], (ast.Eq, ast.GtE))
+    ):
+        return False
+    counter = dotted(test.left)
+    limit = test.comparators[0]
+    if counter is None or (
+        isinstance(limit, ast.Constant) and not (isinstance(limit.value, int) and limit.value > 1)
+    ):
+        return False
+    resets = any(
+        isinstance(node, ast.Assign)
+        and is_const(node.value, 0)
+        and any(dotted(t) == counter for t in node.targets)
+        for node in iter_scope_nodes(branch.body)
+    )
+    return resets and any(_counts_up(node, counter) for node in iter_scope_nodes(loop_body))
+
+
+def _counts_up(node: ast.AST, counter: str) -> bool:
+    """``counter += 1`` or ``counter = counter + 1``."""
+    if isinstance(node, ast.AugAssign):
+        return isinstance(node.op, ast.Add) and dotted(node.target) == counter
+    return (
+        isinstance(node, ast.Assign)
+        and any(dotted(t) == counter for t in node.targets)
+        and isinstance(node.value, ast.BinOp)
+        and isinstance(node.value.op, ast.Add)
+        and dotted(node.value.left) == counter
+    )
 
 
 def is_no_sync(expr: ast.expr, scope: Scope, facts: ModuleFacts) -> bool:
