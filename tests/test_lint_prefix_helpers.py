@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from lint_repo import repo_findings
 
 _TRAIN = """\

@@ -23,6 +23,7 @@ from gpu_training.diagnostics.lint.class_bases import base_modules
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.roots import installed_packages
+from gpu_training.diagnostics.lint.vendored import vendored_package
 
 __all__ = [
     "SKIP_DIRS",
@@ -54,11 +55,13 @@ def is_test_file(parts: tuple[str, ...] | list[str]) -> bool:
 
 def _searched(directory: Path, name: str) -> bool:
     """A subdirectory a search goes into: not hidden, not :data:`SKIP_DIRS`, not
-    :func:`~gpu_training.diagnostics.lint.roots.installed_packages`."""
+    :func:`~gpu_training.diagnostics.lint.roots.installed_packages` nor a copy of a library
+    (:func:`~gpu_training.diagnostics.lint.vendored.vendored_package`)."""
     return (
         not name.startswith(".")
         and name not in SKIP_DIRS
         and not installed_packages(directory / name)
+        and not vendored_package(directory / name)
     )
 
 

@@ -135,7 +135,12 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             or (rank_call(name) and last == "local_rank")
         ):
             return "local"  # ... or Horovod's `hvd.local_rank()`
-        if last == "get_rank" and (node.args or any(k.arg == "group" for k in node.keywords)):
+        group = (
+            node.args[0]
+            if node.args
+            else next((k.value for k in node.keywords if k.arg == "group"), None)
+        )
+        if last == "get_rank" and group is not None and not _default_group(facts, group, scope):
             return "local"  # `dist.get_rank(group=_LOCAL_PROCESS_GROUP)`: a rank in a subgroup
         return "global" if rank_call(name) else None
     key_index = node.slice if isinstance(node, ast.Subscript) else None
@@ -182,6 +187,21 @@ def _leaf_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) 
             if passed is not None:
                 return passed  # `def __init__(self, rank)`, every caller passing LOCAL_RANK
     return "global" if is_rankish else None
+
+
+def _default_group(facts: ModuleFacts, group: ast.expr, scope: Scope) -> bool:
+    """The group argument is the default (world) one: ``dist.group.WORLD``, a
+    ``get_default_group()`` call, or a ``group=None`` parameter that holds only such a value
+    (a ``get_rank(group=None)`` wrapper that fills in the default group)."""
+    values: list[ast.expr | None] = [group]
+    if isinstance(group, ast.Name):
+        values = facts.lookup_all(group.id, scope)
+    return bool(values) and all(
+        value is None  # a parameter: its callers pass none (the wrapper's own default)
+        or (isinstance(value, ast.Attribute) and value.attr == "WORLD")
+        or (isinstance(value, ast.Call) and _tail(dotted(value.func)).endswith("default_group"))
+        for value in values
+    )
 
 
 def _bound_locality(facts: ModuleFacts, node: ast.AST, scope: Scope, depth: int) -> str | None:

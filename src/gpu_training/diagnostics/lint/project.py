@@ -56,6 +56,7 @@ from gpu_training.diagnostics.lint.roots import resolved as _resolved
 from gpu_training.diagnostics.lint.setup import global_rank_source
 from gpu_training.diagnostics.lint.state_saves import saved_state_parameters
 from gpu_training.diagnostics.lint.summary import FuncRef, Summary
+from gpu_training.diagnostics.lint.vendored import vendored_package
 
 __all__ = [
     "Project",
@@ -126,7 +127,7 @@ class Project:
 
         Returns:
             ``x.py``, ``x/__init__.py`` or a directory without ``__init__.py``; None when the
-            project has no such module (``torch``, the standard library).
+            project has no such module (``torch``, the standard library, a vendored copy).
         """
         if importer.startswith("<"):
             return None
@@ -143,7 +144,7 @@ class Project:
             bases = self._search_dirs(start)
         found = None
         parts = module.split(".") if module else []
-        for base in bases:
+        for base in (b for b in bases if level or not parts or not vendored_package(b / parts[0])):
             target = base.joinpath(*parts)
             if parts and target.with_name(target.name + ".py").is_file():
                 found = target.with_name(target.name + ".py")

@@ -59,6 +59,7 @@ from gpu_training.diagnostics.lint.project import Project, find_project_root
 from gpu_training.diagnostics.lint.roots import installed_packages
 from gpu_training.diagnostics.lint.rules import BUG, HYGIENE, RULES, explain
 from gpu_training.diagnostics.lint.run import RawFinding, check_project
+from gpu_training.diagnostics.lint.vendored import vendored_package
 
 __all__ = [
     "EXIT_FOUND",
@@ -364,7 +365,7 @@ def collect_files(
                 rel = file.relative_to(path).parts
                 if any(p.startswith(".") or p in SKIP_DIRS for p in rel[:-1]):
                     continue
-                if any(installed_packages(path.joinpath(*rel[:i])) for i in range(1, len(rel))):
+                if any(_third_party(path.joinpath(*rel[:i])) for i in range(1, len(rel))):
                     continue
                 if not include_tests and is_test_file(rel):
                     continue
@@ -377,6 +378,11 @@ def collect_files(
             )
         found[path] = None
     return list(found)
+
+
+def _third_party(directory: Path) -> bool:
+    """Installed distributions, or a copy of a library the repository depends on."""
+    return installed_packages(directory) or vendored_package(directory)
 
 
 def _has_python_shebang(path: Path) -> bool:
