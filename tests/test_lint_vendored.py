@@ -71,3 +71,16 @@ def test_a_package_the_repository_does_not_declare_is_linted(
     root = write_repo(tmp_path, _files(requirements))
     found = [(Path(f.path).name, f.code) for f in lint_paths([root]).findings]
     assert ("trainer.py", "GT007") in found
+
+
+def test_a_dependency_after_a_comment_in_pyproject_counts(tmp_path: Path) -> None:
+    """A comment with an apostrophe inside ``dependencies = [...]`` is no quoted string."""
+    files = _files("")
+    del files["requirements.txt"]
+    files["pyproject.toml"] = (
+        '[project]\nname = "coastal"\ndependencies = [\n'
+        "    # the lab's patched copy lives in transformers/\n"
+        '    "transformers==4.36.1",\n]\n'
+    )
+    root = write_repo(tmp_path, files)
+    assert [p.name for p in python_files(root)] == ["train.py"]

@@ -31,6 +31,7 @@ import os
 import re
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, iter_scope_nodes
+from gpu_training.diagnostics.lint.passed_paths import option_default
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
 __all__ = ["launched_without_accumulation", "spelled_flag"]
@@ -78,28 +79,22 @@ def _default_one(facts: ModuleFacts, flag: str) -> bool:
     """The file declares the flag with the default ``1``: ``add_argument("--flag", ...,
     default=1)`` or a config class's field ``flag: int = 1``, with no other default and no
     ``args.flag = ...`` (a sweep that sets it)."""
+    option = option_default(facts, flag)  # an ast node other than a literal: not 1
     defaults: list[object] = []
+    if option is not None:
+        defaults.append(option.value if isinstance(option, ast.Constant) else option)
     for node in facts.nodes:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Attribute) and t.attr == flag for t in node.targets
         ):
             return False  # `args.flag = wandb.config.flag`: set by the run, not the default
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if node.target.id == flag and isinstance(node.value, ast.Constant):
-                defaults.append(node.value.value)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "add_argument"
-            and any(
-                isinstance(a, ast.Constant)
-                and isinstance(a.value, str)
-                and a.value.lstrip("-").replace("-", "_") == flag
-                for a in node.args
-            )
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == flag
+            and isinstance(node.value, ast.Constant)
         ):
-            given = [k.value for k in node.keywords if k.arg == "default"]
-            defaults += [g.value if isinstance(g, ast.Constant) else None for g in given]
+            defaults.append(node.value.value)  # a config class's `flag: int = 1`
     return bool(defaults) and all(d == 1 and d is not True for d in defaults)
 
 

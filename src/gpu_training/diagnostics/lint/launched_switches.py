@@ -28,8 +28,10 @@ import ast
 import os
 import re
 
+from gpu_training.diagnostics.lint.calls import keyword_arg
 from gpu_training.diagnostics.lint.launched_flags import spelled_flag
 from gpu_training.diagnostics.lint.model import ModuleFacts
+from gpu_training.diagnostics.lint.passed_paths import option_name
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
 __all__ = ["launched_switch_spans"]
@@ -69,30 +71,13 @@ def launched_switch_spans(facts: ModuleFacts) -> list[tuple[int, int]]:
 
 
 def _store_true_flags(facts: ModuleFacts) -> set[str]:
-    """The destinations of the file's ``add_argument("--x", action="store_true")``."""
+    """The names the file's ``add_argument("--x", action="store_true")`` options store as."""
     found: set[str] = set()
     for node in facts.nodes:
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "add_argument"
-            and any(
-                k.arg == "action"
-                and isinstance(k.value, ast.Constant)
-                and k.value.value == "store_true"
-                for k in node.keywords
-            )
-        ):
-            continue
-        dest = next((k.value for k in node.keywords if k.arg == "dest"), None)
-        names = [
-            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-        ]
-        long = [n for n in names if n.startswith("--")]
-        if isinstance(dest, ast.Constant) and isinstance(dest.value, str):
-            found.add(dest.value)
-        elif long:
-            found.add(long[0][2:].replace("-", "_"))
+        if isinstance(node, ast.Call) and (name := option_name(node)) is not None:
+            action = keyword_arg(node, "action")
+            if isinstance(action, ast.Constant) and action.value == "store_true":
+                found.add(name)
     return found
 
 

@@ -28,7 +28,7 @@ import ast
 from gpu_training.diagnostics.lint.calls import call_arg, keyword_arg, parameter_index
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
 
-__all__ = ["option_default", "passed_values"]
+__all__ = ["option_default", "option_name", "passed_values"]
 
 
 def option_default(facts: ModuleFacts, name: str) -> ast.expr | None:
@@ -36,27 +36,25 @@ def option_default(facts: ModuleFacts, name: str) -> ast.expr | None:
     such option, several, or no default)."""
     found: list[ast.expr] = []
     for node in facts.nodes:
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "add_argument"
-        ):
-            continue
-        flags = [
-            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-        ]
-        dest = keyword_arg(node, "dest")
-        stored = (
-            dest.value
-            if isinstance(dest, ast.Constant) and isinstance(dest.value, str)
-            else next((f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), None)
-        )
-        if stored == name:
+        if isinstance(node, ast.Call) and option_name(node) == name:
             default = keyword_arg(node, "default")
             if default is None:
                 return None
             found.append(default)
     return found[0] if len(found) == 1 else None
+
+
+def option_name(call: ast.Call) -> str | None:
+    """The name an ``add_argument(...)`` call stores its option as (``dest=``, else the first
+    long flag with ``-`` read as ``_``: ``--grad-accum`` -> ``grad_accum``); None for any other
+    call, or an option with no long flag."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"):
+        return None
+    dest = keyword_arg(call, "dest")
+    if isinstance(dest, ast.Constant) and isinstance(dest.value, str):
+        return dest.value
+    flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return next((f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), None)
 
 
 def passed_values(

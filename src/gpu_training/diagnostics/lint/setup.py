@@ -55,9 +55,8 @@ from gpu_training.diagnostics.lint.sharded_datasets import dataset_shards_itself
 from gpu_training.diagnostics.lint.single_gpu import one_gpu_per_process
 from gpu_training.diagnostics.lint.smoke_tests import main_block_smoke_test
 from gpu_training.diagnostics.lint.splatted import splatted_keywords
-from gpu_training.diagnostics.lint.state_saves import passed_at, state_dict_calls
+from gpu_training.diagnostics.lint.state_saves import passed_at, state_dict_calls, unwrapped_here
 from gpu_training.diagnostics.lint.unread import places_nothing
-from gpu_training.diagnostics.lint.wrapper_tests import unwrapped_here
 
 __all__ = ["EVAL_NAME", "SetupRules", "global_rank_source"]
 

@@ -27,10 +27,20 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Iterator
 
-from gpu_training.diagnostics.lint.calls import call_arg, node_start
+from gpu_training.diagnostics.lint.calls import call_arg, node_start, parents, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, dotted
 
-__all__ = ["passed_at", "saved_state_parameters", "state_dict_calls", "unwrapped_branches"]
+__all__ = [
+    "passed_at",
+    "saved_state_parameters",
+    "state_dict_calls",
+    "unwrapped_branches",
+    "unwrapped_here",
+]
+
+_WRAPPERS = frozenset(
+    {"DistributedDataParallel", "DDP", "DataParallel", "FullyShardedDataParallel", "FSDP"}
+)
 
 _MAX_HOPS = 3  # local names followed from the saved expression
 
@@ -120,17 +130,9 @@ def unwrapped_branches(expr: ast.AST) -> set[int]:
             continue
         body: list[ast.AST] = [*node.body] if isinstance(node, ast.If) else [node.body]
         orelse: list[ast.AST] = [*node.orelse] if isinstance(node, ast.If) else [node.orelse]
-        test, negated = node.test, False
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            test, negated = test.operand, True
-        if (
-            isinstance(test, ast.Call)
-            and dotted(test.func) == "hasattr"
-            and len(test.args) == 2
-            and isinstance(test.args[1], ast.Constant)
-            and test.args[1].value == "module"
-        ):
-            found |= {id(n) for part in (body if negated else orelse) for n in ast.walk(part)}
+        says = _says_wrapped(node.test, None)
+        if says is not None:
+            found |= {id(n) for part in (orelse if says else body) for n in ast.walk(part)}
         if isinstance(node, ast.If):
             continue  # a statement's branches are weighed by the checks' own guard reading
         for wrapped, plain in ((body, orelse), (orelse, body)):
@@ -158,3 +160,60 @@ def _state_owners(nodes: list[ast.AST]) -> set[str]:
         for call in state_dict_calls(nodes)
         if isinstance(call.func, ast.Attribute) and (owner := dotted(call.func.value)) is not None
     }
+
+
+def unwrapped_here(facts: ModuleFacts, node: ast.AST, owner: ast.expr) -> bool:
+    """Whether ``node`` (a ``state_dict()`` call bound to a name and saved later) runs only on
+    the side of a test where ``owner`` is not wrapped: the ``else`` of ``if hasattr(model,
+    "module"):`` or ``if isinstance(model, DistributedDataParallel):``, the body of ``if not
+    hasattr(model, "module"):``, the same sides of a conditional expression. There ``model``
+    is the plain model, its keys have no ``module.``.
+
+    Example:
+        >>> from gpu_training.diagnostics.lint.model import ModuleFacts
+        >>> src = ("if hasattr(m, 'module'):\\n    s = m.module.state_dict()\\n"
+        ...        "else:\\n    s = m.state_dict()\\n")
+        >>> facts = ModuleFacts(ast.parse(src))
+        >>> call = facts.tree.body[0].orelse[0].value
+        >>> unwrapped_here(facts, call, call.func.value)
+        True
+    """
+    name = dotted(owner)
+    if name is None:
+        return False
+    up = parents(facts)
+    child, parent = node, up.get(id(node))
+    while parent is not None and not isinstance(
+        parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    ):
+        if isinstance(parent, (ast.If, ast.IfExp)):
+            wrapped = _says_wrapped(parent.test, name)
+            side = parent.orelse if wrapped else parent.body
+            if wrapped is not None and any(child is c for c in _as_list(side)):
+                return True
+        child, parent = parent, up.get(id(parent))
+    return False
+
+
+def _as_list(side: ast.AST | list[ast.stmt]) -> list[ast.AST]:
+    return list(side) if isinstance(side, list) else [side]
+
+
+def _says_wrapped(test: ast.expr, name: str | None) -> bool | None:
+    """True: the test holds where the model is wrapped (``hasattr(m, "module")``,
+    ``isinstance(m, DDP)``); False: where it is not (``not ...``); None: neither. ``name``
+    is the model's (None: any)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _says_wrapped(test.operand, name)
+        return None if inner is None else not inner
+    if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and len(test.args) == 2):
+        return None
+    subject, what = test.args
+    if name is not None and dotted(subject) != name:
+        return None
+    if test.func.id == "hasattr":
+        return True if isinstance(what, ast.Constant) and what.value == "module" else None
+    if test.func.id == "isinstance":
+        kinds = what.elts if isinstance(what, ast.Tuple) else [what]
+        return True if any(tail(dotted(k)) in _WRAPPERS for k in kinds) else None
+    return None

@@ -76,7 +76,8 @@ def _dependencies(root: str) -> frozenset[str]:
         ("pyproject.toml", r"^dependencies\s*=\s*\[(.*?)\]"),
         ("setup.py", r"install_requires\s*=\s*\[(.*?)\]"),
     ):
-        for block in re.findall(pattern, _text(base / name), re.M | re.S):
+        text = "\n".join(line.split("#", 1)[0] for line in _text(base / name).splitlines())
+        for block in re.findall(pattern, text, re.M | re.S):  # comments out: "CRC32's"
             names += [_leading(q) for q in re.findall(r"[\"']([^\"']+)[\"']", block)]
     for block in re.findall(
         r"install_requires\s*=\s*\n((?:[ \t]+\S.*\n?)+)", _text(base / "setup.cfg")
