@@ -109,6 +109,14 @@ def _add_lint(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="also lint test trees found under a directory (tests/, test_*.py: skipped by "
         "default, as unit tests run one process on purpose)",
     )
+    parser.add_argument(
+        "--unshipped",
+        action="store_true",
+        help="also report code only a launch the repository does not ship reaches (a script "
+        "its run scripts and README start as one `python` process, the else of a store_true "
+        "switch every run script passes, an accumulation count every run leaves at 1): by "
+        "default lint judges the runs the repository ships",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output")
     parser.add_argument("--explain", metavar="CODE", help="explain a rule: why, fix, guide")
     parser.add_argument("--list-rules", action="store_true", help="list the rules")
@@ -150,6 +158,7 @@ def _run_lint(args: argparse.Namespace) -> int:
             ignore=ignore,
             hygiene=args.hygiene,
             include_tests=args.include_tests,
+            unshipped=args.unshipped,
         )
     except LintError as err:
         raise UsageError(f"lint: {err}") from None

@@ -86,6 +86,7 @@ from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, d
 from gpu_training.diagnostics.lint.node_writes import node_local_write, several_processes
 from gpu_training.diagnostics.lint.one_rank import single_rank
 from gpu_training.diagnostics.lint.paired_collectives import GuardedCollective, pairing_scope
+from gpu_training.diagnostics.lint.plain_launches import launched_alone
 from gpu_training.diagnostics.lint.project import Project
 from gpu_training.diagnostics.lint.rank0_first import rank0_first
 from gpu_training.diagnostics.lint.ranks import (
@@ -134,10 +135,8 @@ class FileChecker:
     """
 
     def __init__(self, facts: ModuleFacts, project: Project) -> None:
-        self.facts = facts
-        self.project = project
+        self.facts, self.project, self.tree = facts, project, facts.tree
         self.imports = facts.imports
-        self.tree = facts.tree
         self.all_calls = facts.calls
         self.tails = {tail(call_name(c, self.imports)) for c in self.all_calls}
         names = [call_name(c, self.imports) for c in self.all_calls]
@@ -164,6 +163,8 @@ class FileChecker:
         self.fabric = fabric_launch(facts)  # so does Fabric, from its launch()
         self.seeds: set[ast.AST] = set(self.launch.scopes) | hf_every_process(facts)
         self.distributed = self.dist_setup or uses_dist or bool(self.framework or self.seeds)
+        if self.distributed and launched_alone(facts, spawn, self.callee_summaries):
+            self.distributed, self.seeds = False, set()  # `python train.py`: one process
         self.has_wrapper, self.ddp_wrapper = wrapper_kinds(
             self.tails, self.framework, self.all_calls, facts
         )

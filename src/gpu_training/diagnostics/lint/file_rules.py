@@ -23,10 +23,11 @@ Example:
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
 from gpu_training.diagnostics.lint.bf16_switches import scalers_enabled_by_bf16
-from gpu_training.diagnostics.lint.calls import keyword_arg, node_start, tail
+from gpu_training.diagnostics.lint.calls import keyword_arg, node_start, parents, tail
 from gpu_training.diagnostics.lint.early_devices import cuda_before_pinning
 from gpu_training.diagnostics.lint.epoch_paths import constant_epochs, reseeded_on_one_path
 from gpu_training.diagnostics.lint.epochs import loops_without_set_epoch, prepared_by_accelerate
@@ -81,8 +82,9 @@ def whole_file_rules(checker: FileChecker) -> None:
         or any(keyword_arg(c, "device_id") is not None for c in direct)
         or any(s.sets_device for s in summaries)
     )
-    if direct and not pinned and checker.setup.default_cuda:
-        node, what = checker.setup.default_cuda[0]
+    default_cuda = [(n, w) for n, w in checker.setup.default_cuda if not _groupless(checker, n)]
+    if direct and not pinned and default_cuda:
+        node, what = default_cuda[0]
         checker.add(node, "GT002", f"{what} without set_device")
     elif direct and not pinned and (helper := helper_default_cuda(facts)):
         site = min(direct, key=lambda c: (c not in inits, c.lineno))  # the group's own call
@@ -165,3 +167,20 @@ def whole_file_rules(checker: FileChecker) -> None:
         checker.add(missing[0], "GT015", missing[1])
     if loopback_rendezvous(facts):  # one machine's group: its global rank is the GPU's index
         checker.findings = {f for f in checker.findings if f.code != "GT018"}
+
+
+def _groupless(checker: FileChecker, node: ast.AST) -> bool:
+    """``node`` is on the side of a switch where the file creates no process group: the
+    ``else:`` of ``if use_distributed: setup(); device = f"cuda:{local_rank}"`` (its
+    ``"cuda"`` is the one process's GPU)."""
+    up = parents(checker.facts)
+    child, parent = node, up.get(id(node))
+    while parent is not None:
+        if (
+            isinstance(parent, ast.If)
+            and any(child is s for s in parent.orelse)
+            and checker.ranks.creates_group(parent.body)
+        ):
+            return True
+        child, parent = parent, up.get(id(parent))
+    return False

@@ -272,6 +272,8 @@ def bypassed_forwards(
                 found.setdefault(id(call), (call, why))
     for call, why in passed_bypasses(facts, prepared=prepared):
         found.setdefault(id(call), (call, why))
+    for call, why in _unwrapped_arguments(facts, prepared):
+        found.setdefault(id(call), (call, why))
     if fabric and not any(tail(dotted(c.func)) == "mark_forward_method" for c in facts.calls):
         for call, why in _fabric_methods(facts):
             found.setdefault(id(call), (call, why))
@@ -338,3 +340,56 @@ def passed_bypasses(facts: ModuleFacts, *, prepared: bool = False) -> list[tuple
                         found.append((call, why))
                         break
     return found
+
+
+def _unwrapped_arguments(facts: ModuleFacts, prepared: bool) -> Iterator[tuple[ast.Call, str]]:
+    """A loss computed by a function of the project handed the module inside a DDP wrapper
+    (``loss = compute_loss(accelerator.unwrap_model(model), batch)``, ``fit(model.module,
+    ...)``) that runs it (``system(x)``, ``system.encode(x)``), in a function that runs no
+    forward of the wrapper itself."""
+    for backward, loss, scope in _backwards(facts):
+        for call in _loss_calls(facts, scope, loss, backward.lineno):
+            passed: list[tuple[int | str, ast.expr]] = list(enumerate(call.args))
+            passed += [(k.arg, k.value) for k in call.keywords if k.arg is not None]
+            for slot, arg in passed:
+                wrapper = _inner_of(arg)
+                name = None if wrapper is None else dotted(wrapper)
+                if wrapper is None or name is None or _runs_wrapper(facts, scope, name):
+                    continue
+                if not _is_ddp(facts, wrapper, scope, prepared):
+                    continue
+                if any(_runs_parameter(f, func, slot) for f, func in facts.callees(call)):
+                    shown = f"{ast.unparse(call.func)}({ast.unparse(arg)}, ...)"
+                    yield call, f"the loss comes from {shown}: the module inside the wrapper"
+                    break
+
+
+def _inner_of(arg: ast.expr) -> ast.expr | None:
+    """``W`` of ``accelerator.unwrap_model(W)`` or ``W.module``."""
+    if isinstance(arg, ast.Attribute) and arg.attr == "module":
+        return arg.value
+    if isinstance(arg, ast.Call) and tail(dotted(arg.func)) == "unwrap_model" and arg.args:
+        return arg.args[0]
+    return None
+
+
+def _runs_parameter(facts: ModuleFacts, func: _Func, slot: int | str) -> bool:
+    """Whether ``func`` runs a forward of the parameter a call's argument ``slot`` (a
+    position, ``self`` aside, or a keyword) binds: ``param(x)`` or ``param.encode(x)``."""
+    params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+    if isinstance(slot, int):
+        offset = 1 if params and params[0] in ("self", "cls") else 0
+        if slot + offset >= len(params):
+            return False
+        name = params[slot + offset]
+    else:
+        name = slot
+    for node in facts.scope_nodes.get(func, []):
+        if isinstance(node, ast.Call):
+            called = dotted(node.func)
+            if called == name:
+                return True
+            method = called.rsplit(".", 1)[1] if called and called.startswith(name + ".") else ""
+            if method and method not in _MODULE_METHODS:
+                return True
+    return False

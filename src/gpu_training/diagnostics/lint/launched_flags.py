@@ -32,7 +32,7 @@ import re
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, iter_scope_nodes
 from gpu_training.diagnostics.lint.passed_paths import option_default
-from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
+from gpu_training.diagnostics.lint.repo_files import repository_of, shipped_runs_only, text_files
 
 __all__ = ["launched_without_accumulation", "spelled_flag"]
 
@@ -49,7 +49,7 @@ def launched_without_accumulation(facts: ModuleFacts, loop: ast.stmt) -> bool:
         True when the loop's ``x % args.<flag>`` counts are all flags, and each is passed,
         as ``1`` only, by at least one shell script that names this file.
     """
-    if facts.path in ("", "<string>"):
+    if facts.path in ("", "<string>") or not shipped_runs_only(facts):
         return False
     flags: set[str] = set()
     for node in iter_scope_nodes(getattr(loop, "body", [])):

@@ -32,7 +32,7 @@ from gpu_training.diagnostics.lint.calls import keyword_arg
 from gpu_training.diagnostics.lint.launched_flags import spelled_flag
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.passed_paths import option_name
-from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
+from gpu_training.diagnostics.lint.repo_files import repository_of, shipped_runs_only, text_files
 
 __all__ = ["launched_switch_spans"]
 
@@ -46,7 +46,7 @@ def launched_switch_spans(facts: ModuleFacts) -> list[tuple[int, int]]:
     Returns:
         ``(first line, last line)`` of each such branch.
     """
-    if facts.path in ("", "<string>"):
+    if facts.path in ("", "<string>") or not shipped_runs_only(facts):
         return []
     switches = _store_true_flags(facts)
     if not switches:

@@ -16,7 +16,9 @@ writer. Only where nothing on that path can start the processes: a script with n
 group of its own may still be one of several (``torchrun run.py`` whose ``main`` calls
 ``train(cfg)``, which builds a ``Fabric``), so the function, its module and every calling
 file must import no distributed library (``torch.distributed``, Accelerate, Lightning,
-DeepSpeed, ...), and the function must set up no group.
+DeepSpeed, ...), and the function must set up no group; or every calling file must be one
+the repository only runs as ``python script.py``
+(:func:`~gpu_training.diagnostics.lint.plain_launches.launched_alone`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import ast
 
 from gpu_training.diagnostics.lint.context import ONE_PROCESS, Ctx, entry_context
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope
+from gpu_training.diagnostics.lint.plain_launches import launched_alone
 
 __all__ = ["called_only_alone", "entry_or_alone"]
 
@@ -89,14 +92,14 @@ def _plain_callers(facts: ModuleFacts, func: ast.FunctionDef | ast.AsyncFunction
     resolver = facts.resolver
     assert resolver is not None  # called_only_alone held
     summary = resolver.summary((facts, func))
-    if (
-        summary.distributed
-        or summary.creates_group
-        or summary.spawns
-        or _imports_distributed(facts)
-    ):
+    if summary.distributed or summary.creates_group or summary.spawns:
         return False  # `train(cfg)` may build the Fabric or the group its callers lack
-    return not any(_imports_distributed(owner) for owner, _, _ in resolver.incoming((facts, func)))
+    callers = {owner.path: owner for owner, _, _ in resolver.incoming((facts, func))}
+    if all(launched_alone(owner) for owner in callers.values()):
+        return True  # every caller runs as `python script.py`: one process
+    return not _imports_distributed(facts) and not any(
+        _imports_distributed(owner) for owner in callers.values()
+    )
 
 
 def _imports_distributed(facts: ModuleFacts) -> bool:

@@ -58,10 +58,7 @@ from gpu_training.diagnostics.lint.state_saves import saved_state_parameters
 from gpu_training.diagnostics.lint.summary import FuncRef, Summary
 from gpu_training.diagnostics.lint.vendored import vendored_package
 
-__all__ = [
-    "Project",
-    "find_project_root",
-]
+__all__ = ["Project", "find_project_root"]
 
 _GROUP_CREATORS = frozenset({"init_process_group", "init_distributed"})
 # Accelerate's state joins the launcher's process group when it is first built
@@ -80,6 +77,8 @@ class Project:
             absolute imports are looked up from an importing file's directory up to the root
             that holds it (at least two levels up).
     """
+
+    shipped_only = True  # judge the runs the repository ships (``lint --unshipped``: False)
 
     def __init__(self, roots: Sequence[str | os.PathLike[str]] = ()) -> None:
         self.roots = [Path(r).resolve() for r in roots]

@@ -21,15 +21,20 @@ import itertools
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
+from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.roots import find_project_root, installed_packages
 
 __all__ = [
     "MAX_TEXT_BYTES",
+    "file_paths",
     "multi_process_launches",
     "one_process_per_node",
+    "read_files",
     "repository_of",
+    "shipped_runs_only",
     "text_files",
 ]
 
@@ -44,6 +49,12 @@ _LAUNCHERS = frozenset(
 _MODULE_FLAGS = frozenset({"-m", "--module"})
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SINGLE = re.compile(r"--(?:nproc_per_node|nproc-per-node|num_gpus|num_processes)[= ]1(?!\d)")
+
+
+def shipped_runs_only(facts: ModuleFacts) -> bool:
+    """Whether the lint judges the runs the repository ships (the default), so that code only
+    an unshipped launch or switch reaches reports nothing (``--unshipped`` turns it off)."""
+    return facts.resolver is None or facts.resolver.shipped_only
 
 
 def repository_of(path: str) -> str:
@@ -63,22 +74,31 @@ def _walked(directory: str) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def text_files(root: str, suffixes: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """``(path, text)`` of every file under ``root`` ending with one of ``suffixes``."""
-    found: list[tuple[str, str]] = []
+    """``(path, text)`` of every file under ``root`` ending with one of ``suffixes`` (kept:
+    for the launch scripts and configs a run asks about again and again)."""
+    return tuple(read_files(root, suffixes))
+
+
+def read_files(root: str, suffixes: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    """``(path, text)`` of every file under ``root`` ending with one of ``suffixes``, read one
+    at a time and not kept (a scan of every Python file of a large tree)."""
+    for name in file_paths(root, suffixes):
+        path = Path(name)
+        try:
+            if path.stat().st_size <= MAX_TEXT_BYTES:
+                yield name, path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+
+
+def file_paths(root: str, suffixes: tuple[str, ...]) -> Iterator[str]:
+    """The path of every file under ``root`` ending with one of ``suffixes`` (test trees,
+    hidden directories and installed packages aside), in a stable order."""
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(
             d for d in dirs if _walked(d) and not installed_packages(Path(directory, d))
         )
-        for name in sorted(files):
-            if not name.endswith(suffixes):
-                continue
-            path = Path(directory, name)
-            try:
-                if path.stat().st_size <= MAX_TEXT_BYTES:
-                    found.append((str(path), path.read_text(encoding="utf-8", errors="replace")))
-            except OSError:
-                continue
-    return tuple(found)
+        yield from (str(Path(directory, n)) for n in sorted(files) if n.endswith(suffixes))
 
 
 @functools.lru_cache(maxsize=64)

@@ -416,6 +416,7 @@ def lint_paths(
     ignore: Iterable[str] | None = None,
     hygiene: bool = False,
     include_tests: bool = False,
+    unshipped: bool = False,
 ) -> LintReport:
     """Lint files and directories as one project.
 
@@ -430,6 +431,9 @@ def lint_paths(
         hygiene: Report the hygiene rules too.
         include_tests: Lint the test trees under the directories too (see
             :func:`collect_files`).
+        unshipped: Report code that only a launch the repository does not ship reaches too
+            (a script its run scripts start as one ``python`` process, the ``else`` of a
+            ``store_true`` switch every run script passes); by default it reports nothing.
 
     Returns:
         The findings, the number of files linted and the files that could not be.
@@ -443,6 +447,7 @@ def lint_paths(
     roots = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
     repositories = sorted({r for p in paths if (r := find_project_root(p)) is not None})
     project = Project([*roots, *repositories])
+    project.shipped_only = not unshipped
     noqa: dict[str, dict[int, frozenset[str] | None]] = {}  # not the texts: 71 MB on diffusers
     errors: list[FileError] = []
     for file in files:

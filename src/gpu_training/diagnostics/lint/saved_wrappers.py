@@ -41,6 +41,7 @@ import ast
 import copy
 
 from gpu_training.diagnostics.lint.calls import node_end, node_start, parameter_index, parents
+from gpu_training.diagnostics.lint.collectives import UNDECIDED, bound_constants, literal
 from gpu_training.diagnostics.lint.implied import contradict, known, unchanged
 from gpu_training.diagnostics.lint.library_wrappers import library_wrapper
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
@@ -214,6 +215,8 @@ def saved_where_unwrapped(
 
     The helper's tests are read through what the call passes (``cfg`` for ``cfg``); a test that
     reads anything but the parameters, or a parameter assigned before the save, says nothing.
+    A save under a test the call's literals decide against it (``if is_fsdp:`` with
+    ``is_fsdp`` left at its default ``False``) never runs for that call.
 
     Args:
         facts: The caller's module.
@@ -240,9 +243,13 @@ def saved_where_unwrapped(
     names = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
     indices = {name: parameter_index(func, name) for name in names}
     passed = {name: passed_at(call, func, i) for name, i in indices.items() if i >= 0}
+    bound = bound_constants(func, call)  # `is_fsdp` left at its default False
     for save in saves:
+        sides = _branch_sides(owner, inner, save)
+        if any(_decided(test.test, bound) not in (None, holds) for test, holds in sides):
+            continue  # a branch this call never takes (`if is_fsdp:` with is_fsdp=False)
         said: frozenset[tuple[str, bool]] = frozenset()
-        for test, holds in _branch_sides(owner, inner, save):
+        for test, holds in sides:
             seen = _through(test.test, passed)
             if seen is not None and unchanged(owner, inner, test.test, func.lineno, save.lineno):
                 said |= known(seen, holds)
@@ -257,6 +264,12 @@ def saved_where_unwrapped(
             if not contradict(before, said):
                 return False
     return True
+
+
+def _decided(test: ast.expr, bound: dict[str, object]) -> bool | None:
+    """The truth of a helper's test over the literals a call binds (None: undecided)."""
+    value = literal(test, bound)
+    return None if value is UNDECIDED else bool(value)
 
 
 def _wrappings(facts: ModuleFacts, scope: Scope, name: str) -> list[ast.Assign]:

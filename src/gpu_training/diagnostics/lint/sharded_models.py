@@ -47,7 +47,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from gpu_training.diagnostics.lint.calls import keyword_arg, parameter_index, tail
+from gpu_training.diagnostics.lint.calls import keyword_arg, parameter_index, parents, tail
 from gpu_training.diagnostics.lint.model import ModuleFacts, Scope, call_name, dotted
 from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 from gpu_training.diagnostics.lint.state_saves import passed_at
@@ -226,7 +226,8 @@ def sharded_model(expr: ast.expr, scope: Scope, facts: ModuleFacts, depth: int =
         return False
     if "fsdp" in facts.kinds(expr, scope) or key in _fully_sharded(facts):
         return True
-    if (id(scope.node), key) in _fsdp_context_models(facts):
+    where = (id(scope.node), key)
+    if where in _fsdp_context_models(facts) and not _other_branch(expr, where, facts):
         return True
     if accelerate_sharding(facts) == "fsdp" and key in _prepared(facts):
         return True
@@ -375,6 +376,7 @@ def _fsdp_context_models(facts: ModuleFacts) -> frozenset[tuple[int, str]]:
     if isinstance(cached, frozenset):
         return cached
     found: set[tuple[int, str]] = set()
+    calls: dict[tuple[int, str], list[ast.Call]] = {}
     for call in facts.calls:
         func = call.func
         if isinstance(func, ast.Name) and call.args:  # `from torch.distributed.fsdp import ...`
@@ -387,6 +389,35 @@ def _fsdp_context_models(facts: ModuleFacts) -> frozenset[tuple[int, str]]:
             continue  # model.summon_full_params(): the receiver, not the argument
         name = dotted(call.args[0])
         if name is not None:
-            found.add((id(facts.scope_containing(call).node), name))
+            where = (id(facts.scope_containing(call).node), name)
+            found.add(where)
+            calls.setdefault(where, []).append(call)
+    facts.memo["fsdp-context-calls"] = calls
     result = facts.memo["fsdp-context-models"] = frozenset(found)
     return result
+
+
+def _other_branch(expr: ast.expr, where: tuple[int, str], facts: ModuleFacts) -> bool:
+    """Every FSDP class method call naming the model (``where``: its scope and name) of the
+    scope sits in the other branch of an ``if``
+    that holds ``expr`` (``if is_fsdp: with FSDP.state_dict_type(model, ...): ...`` / ``else:
+    model.state_dict()``): the model there is the one the author does not shard."""
+    calls = facts.memo.get("fsdp-context-calls")
+    assert isinstance(calls, dict)  # filled with the models by _fsdp_context_models
+    here = _branches(expr, facts)
+    return all(
+        any(here.get(node, side) != side for node, side in _branches(call, facts).items())
+        for call in calls.get(where, [])
+    )
+
+
+def _branches(node: ast.AST, facts: ModuleFacts) -> dict[int, str]:
+    """``id(if statement)`` -> ``"body"`` or ``"orelse"``, for each ``if`` that holds the node
+    in one of its branches."""
+    up = parents(facts)
+    found: dict[int, str] = {}
+    while (parent := up.get(id(node))) is not None:
+        if isinstance(parent, ast.If) and node is not parent.test:
+            found[id(parent)] = "body" if any(n is node for n in parent.body) else "orelse"
+        node = parent
+    return found

@@ -90,6 +90,10 @@ class Summary:
 class Resolver(Protocol):
     """How a module sees the rest of its project (:class:`~gpu_training.diagnostics.lint.project.Project`)."""
 
+    shipped_only: bool
+    """Judge the runs the repository ships (its run scripts, README, flags they pass), not
+    every launch a user could choose (off: ``gpu-training lint --unshipped``)."""
+
     def callees(self, facts: ModuleFacts, func: ast.expr) -> list[FuncRef]:
         """The functions (of this file or of the project) a callee expression may name."""
         ...

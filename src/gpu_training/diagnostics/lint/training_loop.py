@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import itertools
 
+from gpu_training.diagnostics.lint.accumulation import backward_helper
 from gpu_training.diagnostics.lint.bypassed_wrappers import trains_own_sharded_model
 from gpu_training.diagnostics.lint.calls import enclosing_blocks, is_const, node_start, tail
 from gpu_training.diagnostics.lint.launched_flags import launched_without_accumulation
@@ -209,7 +210,10 @@ class LoopAnalysis:
             return False
         if any(isinstance(n, ast.Call) and _engine_steps_after(n, loop) for n in body):
             return False  # `engine.backward(loss); engine.step()`: the engine steps each pass
-        if not any(_is_backward(n) for n in body):
+        if not any(
+            _is_backward(n) or (isinstance(n, ast.Call) and backward_helper(self.facts, n))
+            for n in body
+        ):  # `train_step(model, batch)` whose body runs the backward counts too
             return False
         if self._following is None:
             self._following = {}
