@@ -103,6 +103,10 @@ def test_a_script_only_run_as_python_has_one_writer(
             "scripts/slurm.sh": 'ARGS=(train_grpo.py --lr 1)\ntorchrun --nproc_per_node=4 "${ARGS[@]}"\n',
         },
         {"scripts/run_grpo.sh": _RUN + "# torchrun --nproc_per_node 2 train_grpo.py\n"},
+        {
+            "scripts/run_grpo.sh": _RUN,
+            "scripts/launch.sh": 'torchrun --nproc_per_node=4 "$SCRIPT"\n',
+        },
         {},
     ],
     ids=[
@@ -114,6 +118,7 @@ def test_a_script_only_run_as_python_has_one_writer(
         "python_driver",
         "launcher_of_an_array",
         "commented_out_launcher",
+        "launcher_of_a_variable_alone",
         "no_launch",
     ],
 )

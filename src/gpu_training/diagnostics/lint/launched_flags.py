@@ -32,7 +32,8 @@ import re
 
 from gpu_training.diagnostics.lint.model import ModuleFacts, iter_scope_nodes
 from gpu_training.diagnostics.lint.passed_paths import option_default
-from gpu_training.diagnostics.lint.repo_files import repository_of, shipped_runs_only, text_files
+from gpu_training.diagnostics.lint.plain_launches import shipped_runs_only
+from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
 __all__ = ["launched_without_accumulation", "spelled_flag"]
 

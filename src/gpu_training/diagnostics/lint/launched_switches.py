@@ -32,7 +32,8 @@ from gpu_training.diagnostics.lint.calls import keyword_arg
 from gpu_training.diagnostics.lint.launched_flags import spelled_flag
 from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.passed_paths import option_name
-from gpu_training.diagnostics.lint.repo_files import repository_of, shipped_runs_only, text_files
+from gpu_training.diagnostics.lint.plain_launches import shipped_runs_only
+from gpu_training.diagnostics.lint.repo_files import repository_of, text_files
 
 __all__ = ["launched_switch_spans"]
 

@@ -53,20 +53,15 @@ import shlex
 from collections.abc import Iterable
 
 from gpu_training.diagnostics.lint.model import ModuleFacts
-from gpu_training.diagnostics.lint.repo_files import (
-    file_paths,
-    read_files,
-    repository_of,
-    shipped_runs_only,
-)
+from gpu_training.diagnostics.lint.repo_files import file_paths, read_files, repository_of
 from gpu_training.diagnostics.lint.summary import Summary
 
-__all__ = ["launched_alone", "launches"]
+__all__ = ["launched_alone", "shipped_runs_only"]
 
 _TEXTS = (".sh", ".bash", ".slurm", ".sbatch", ".md", ".rst", ".txt", ".ipynb", "Makefile")
 """Where a repository documents how its scripts run."""
 
-ANY = "*"
+_ANY = "*"
 """A launch whose script is a shell variable (``torchrun "${PY_ARGS[@]}"``): any file."""
 
 _LAUNCHERS = frozenset(
@@ -98,11 +93,13 @@ _RANKED = re.compile(
 )
 """A command that hands the script a rank or a world size: one of several processes."""
 
-_MENTIONS_SCRIPT = re.compile(r"\.py\b|\s-m\s")
-_NAMES_LAUNCHER = re.compile(
-    r"torchrun|deepspeed|accelerate|torch\.distributed\.(?:launch|run)|srun|mpirun|mpiexec|"
-    r"horovodrun|jsrun|aprun|colossalai|lightning|fabric|composer"
-)  # a quick look before reading a text line by line (a superset of what the lines match)
+_MENTIONS = re.compile(
+    r"\.py\b|\s-m\s|"
+    + "|".join(re.escape(w) for w in sorted(_LAUNCHERS))
+    + r"|torch\.distributed\.|accelerate\.|deepspeed\.|lightning\."
+)
+"""A quick look before reading a text line by line: a script, a module run with ``-m``, a
+launcher word or a launcher module (a superset of what the line readers below accept)."""
 _PYTHON = re.compile(r"^(?:python|pypy)[\d.]*$")
 _PY_FLAGS = re.compile(r"^-[uBOISsWXE]\w*$")
 
@@ -121,6 +118,13 @@ _MAX_MODULES = 200
 _LAUNCHER_READ = re.compile(r"""["'](?:LOCAL_RANK|RANK|WORLD_SIZE)["']|--local[_-]rank\b""")
 """A variable or option only a launcher sets, read by the file: it is written for one (its
 plain ``python`` launch is the one-GPU mode, ``torchrun`` the other, documented or not)."""
+
+
+def shipped_runs_only(facts: ModuleFacts) -> bool:
+    """Whether the lint judges the runs the repository ships (the default), so that code only
+    an unshipped launch reaches reports nothing (``gpu-training lint --unshipped`` turns it
+    off: :attr:`~gpu_training.diagnostics.lint.project.Project.shipped_only`)."""
+    return facts.resolver is None or facts.resolver.shipped_only
 
 
 def launched_alone(
@@ -203,7 +207,7 @@ def _alone(path: str) -> bool:
     if _SELF_LAUNCH.search(text) or _LAUNCHER_READ.search(text):
         return False
     root = repository_of(path)
-    plain, launched = launches(root)
+    plain, launched = _launches(root)
     names = _names(root, path)
     return any(_names_it(m, names) for m in plain) and not any(
         _names_it(m, names) for m in launched
@@ -212,7 +216,7 @@ def _alone(path: str) -> bool:
 
 def _names_it(mention: str, names: frozenset[str]) -> bool:
     """Whether a mentioned script path (``/home/u/proj/scripts/train.py``) is the file."""
-    return mention == ANY or any(mention == name or mention.endswith("/" + name) for name in names)
+    return mention == _ANY or any(mention == name or mention.endswith("/" + name) for name in names)
 
 
 def _names(root: str, path: str) -> frozenset[str]:
@@ -237,20 +241,20 @@ def _python_files(root: str) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def launches(root: str) -> tuple[frozenset[str], frozenset[str]]:
+def _launches(root: str) -> tuple[frozenset[str], frozenset[str]]:
     """The script spellings the repository runs with a plain interpreter, and those it names
     after a launcher of several processes (any text, Python included)."""
     plain: set[str] = set()
     launched: set[str] = set()
     for path, text in read_files(root, _TEXTS):
-        if not _MENTIONS_SCRIPT.search(text):
+        if not _MENTIONS.search(text):
             continue
         for command in _commands(text, notebook=path.endswith(".ipynb")):
             kind, script = _read(command)
             if script is not None:
                 (plain if kind == "plain" else launched).add(script)
     for _, text in read_files(root, (".py", ".yaml", ".yml", ".json", ".toml", ".cfg")):
-        if not _NAMES_LAUNCHER.search(text):
+        if not _MENTIONS.search(text):
             continue
         for line in text.splitlines():
             words = re.findall(r"[\w./${}-]+", line)  # inside strings and lists alike
@@ -288,7 +292,7 @@ def _read(command: str) -> tuple[str, str | None]:
     )
     if not named and any(_launcher(w) or _launcher_module(w) for w in words):
         # `torchrun --nproc_per_node=4 "${PY_ARGS[@]}"`: any script may be the one
-        return ("launched", ANY) if any(w.startswith("$") for w in words) else ("", None)
+        return ("launched", _ANY) if any(w.startswith("$") for w in words) else ("", None)
     for i, word in enumerate(words):
         module = i > 0 and words[i - 1] in ("-m", "--module")
         if not (_script(word) or module) or (module and _launcher_module(word)):

@@ -24,7 +24,6 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpu_training.diagnostics.lint.model import ModuleFacts
 from gpu_training.diagnostics.lint.roots import find_project_root, installed_packages
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "one_process_per_node",
     "read_files",
     "repository_of",
-    "shipped_runs_only",
     "text_files",
 ]
 
@@ -49,12 +47,6 @@ _LAUNCHERS = frozenset(
 _MODULE_FLAGS = frozenset({"-m", "--module"})
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SINGLE = re.compile(r"--(?:nproc_per_node|nproc-per-node|num_gpus|num_processes)[= ]1(?!\d)")
-
-
-def shipped_runs_only(facts: ModuleFacts) -> bool:
-    """Whether the lint judges the runs the repository ships (the default), so that code only
-    an unshipped launch or switch reaches reports nothing (``--unshipped`` turns it off)."""
-    return facts.resolver is None or facts.resolver.shipped_only
 
 
 def repository_of(path: str) -> str:
